@@ -1,0 +1,121 @@
+"""A small GPT language-model trainer in plain PyTorch: teraio's built-in example.
+
+It builds the model from code and trains on synthetic token sequences it
+generates itself (a noisy periodic pattern, so the loss falls), seeded, and
+prints one line per step, ``step N loss X`` with X at full precision, so two
+runs can be compared as text. Nothing here knows about teraio.
+
+    python examples/train_gpt.py --layers 4 --hidden 256 --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(x).split(h, dim=2)
+        # (b, heads, t, head_dim)
+        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(h // self.heads)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        att = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, h)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = Attention(hidden, heads)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(),
+                                 nn.Linear(4 * hidden, hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, seq: int, layers: int, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def batch(gen: torch.Generator, vocab: int, size: int, seq: int, device: str) -> torch.Tensor:
+    """(size, seq + 1) int64 tokens: a random-offset, random-stride ramp with 10% noise."""
+    start = torch.randint(0, vocab, (size, 1), generator=gen)
+    stride = torch.randint(1, 8, (size, 1), generator=gen)
+    tokens = (start + stride * torch.arange(seq + 1)) % vocab
+    noise = torch.rand(size, seq + 1, generator=gen) < 0.1
+    tokens = torch.where(noise, torch.randint(0, vocab, (size, seq + 1), generator=gen), tokens)
+    return tokens.to(device)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--save", help="write the final parameters here (torch.save of state_dict)")
+    p.add_argument("--timing", action="store_true", help="also print each step's wall time")
+    args = p.parse_args()
+    if args.hidden % args.heads:
+        p.error("--hidden must be a multiple of --heads")
+
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    model = GPT(args.vocab, args.seq, args.layers, args.hidden, args.heads).to(args.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        tokens = batch(gen, args.vocab, args.batch, args.seq, args.device)
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        line = f"step {step} loss {loss.item()!r}"
+        if args.timing:
+            line += f" time_ms {(time.perf_counter() - t0) * 1e3:.3f}"
+        print(line, flush=True)
+    if args.save:
+        torch.save(model.state_dict(), args.save)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The in-memory profile and its reading, writing and validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from profiles.errors import ProfileFormatError
+from profiles.schema import ACCESS_KINDS, FORMAT, PHASES, TABLE_SCHEMAS, TENSOR_KINDS
+
+__all__ = ["Profile", "find_newest_profile", "read_profile", "write_profile"]
+
+META_FILE = "meta.json"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A profile: ``meta`` (the ``meta.json`` dict) and one DataFrame per table."""
+
+    meta: dict[str, Any]
+    kernels: pd.DataFrame
+    tensors: pd.DataFrame
+    accesses: pd.DataFrame
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def signature(self) -> str:
+        return str(self.meta["signature"])
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(int(r) for r in self.kernels["rank"].unique())
+
+    @property
+    def iterations(self) -> list[int]:
+        return sorted(int(i) for i in self.kernels["iteration"].unique())
+
+    def kernels_of(self, rank: int = 0, iteration: int | None = None) -> pd.DataFrame:
+        """The ops of one rank and iteration (the first recorded one by default), by op_index."""
+        k = self.kernels[self.kernels["rank"] == rank]
+        it = int(k["iteration"].min()) if iteration is None else iteration
+        return k[k["iteration"] == it].sort_values("op_index").reset_index(drop=True)
+
+    def accesses_of(self, rank: int = 0, iteration: int | None = None) -> pd.DataFrame:
+        a = self.accesses[self.accesses["rank"] == rank]
+        it = int(a["iteration"].min()) if iteration is None else iteration
+        return a[a["iteration"] == it].reset_index(drop=True)
+
+    def tensors_of(self, rank: int = 0) -> pd.DataFrame:
+        return self.tensors[self.tensors["rank"] == rank].reset_index(drop=True)
+
+
+def _to_table(df: pd.DataFrame, name: str) -> pa.Table:
+    schema = TABLE_SCHEMAS[name]
+    missing = [f.name for f in schema if f.name not in df.columns]
+    if missing:
+        raise ValueError(f"{name} table lacks columns {missing}")
+    return pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
+
+
+def write_profile(profile: Profile, directory: str | os.PathLike[str], force: bool = False) -> Path:
+    """Write ``profile`` to ``directory`` atomically: a half-written profile never looks valid.
+
+    The files go to a temporary sibling directory that is renamed into place
+    only when all four are written.
+    """
+    out = Path(directory)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} already exists (use --force to overwrite)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        for name in TABLE_SCHEMAS:
+            pq.write_table(_to_table(getattr(profile, name), name), tmp / f"{name}.parquet")
+        meta = {**profile.meta, "format": FORMAT}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _read_table(path: Path, name: str) -> pd.DataFrame:
+    file = path / f"{name}.parquet"
+    if not file.is_file():
+        raise ProfileFormatError(file, "file is missing; is this a teraio profile directory?")
+    try:
+        table = pq.read_table(file)
+    except (pa.ArrowException, OSError) as exc:
+        raise ProfileFormatError(file, f"not a readable Parquet file ({exc})") from None
+    version = (table.schema.metadata or {}).get(b"format", b"<none>").decode()
+    if version != FORMAT:
+        raise ProfileFormatError(
+            file, f"format {version!r}, expected {FORMAT!r}; re-run `teraio profile`"
+        )
+    expected = TABLE_SCHEMAS[name]
+    if table.schema.remove_metadata() != expected.remove_metadata():
+        raise ProfileFormatError(
+            file, f"columns {table.schema.names} do not match the {FORMAT} schema {expected.names}"
+        )
+    return table.to_pandas()
+
+
+def _check_values(path: Path, p: Profile) -> None:
+    def bad(file: str, problem: str) -> ProfileFormatError:
+        return ProfileFormatError(path / file, problem)
+
+    if not p.kernels["phase"].isin(PHASES).all():
+        raise bad("kernels.parquet", f"phase outside {PHASES}")
+    if not p.tensors["kind"].isin(TENSOR_KINDS).all():
+        raise bad("tensors.parquet", f"kind outside {TENSOR_KINDS}")
+    if not p.accesses["access"].isin(ACCESS_KINDS).all():
+        raise bad("accesses.parquet", f"access outside {ACCESS_KINDS}")
+    if (p.tensors["size_bytes"] < 0).any():
+        raise bad("tensors.parquet", "negative size_bytes")
+    if p.tensors.duplicated(["rank", "tensor_id"]).any():
+        raise bad("tensors.parquet", "duplicate (rank, tensor_id)")
+    if (p.kernels["duration_us"] < 0).any():
+        raise bad("kernels.parquet", "negative duration_us")
+    known = set(zip(p.tensors["rank"], p.tensors["tensor_id"], strict=True))
+    used = set(zip(p.accesses["rank"], p.accesses["tensor_id"], strict=True))
+    if not used <= known:
+        raise bad("accesses.parquet", f"{len(used - known)} tensor ids not in tensors.parquet")
+
+
+def read_profile(directory: str | os.PathLike[str]) -> Profile:
+    """Read and validate a profile directory; raises ``ProfileFormatError`` naming the problem."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise ProfileFormatError(path, "no such profile directory")
+    meta_file = path / META_FILE
+    try:
+        meta = json.loads(meta_file.read_text())
+    except FileNotFoundError:
+        raise ProfileFormatError(meta_file, "file is missing; is this a teraio profile?") from None
+    except (OSError, ValueError) as exc:
+        raise ProfileFormatError(meta_file, f"not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise ProfileFormatError(meta_file, f"format {found!r}, expected {FORMAT!r}")
+    tables = {name: _read_table(path, name) for name in TABLE_SCHEMAS}
+    profile = Profile(meta=meta, path=path, **tables)
+    _check_values(path, profile)
+    return profile
+
+
+def find_newest_profile(root: str | os.PathLike[str] = "profiles") -> Path:
+    """The most recently written profile directory under ``root`` (one holding ``meta.json``)."""
+    base = Path(root)
+    candidates = [p.parent for p in base.glob(f"*/{META_FILE}")] if base.is_dir() else []
+    if not candidates:
+        raise ProfileFormatError(
+            base, "no profile found here; run `teraio profile SCRIPT` or give a PROFILE path"
+        )
+    return max(candidates, key=lambda p: (p / META_FILE).stat().st_mtime)

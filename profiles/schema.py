@@ -1,0 +1,83 @@
+"""Version-1 profile format: one explicit pyarrow schema per table (DESIGN.md section 3).
+
+Times are microseconds and sizes bytes everywhere. The format string is stored
+in each schema's metadata and in ``meta.json``; readers refuse anything else.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = [
+    "ACCESS_KINDS",
+    "ACCESSES_SCHEMA",
+    "FORMAT",
+    "KERNELS_SCHEMA",
+    "PHASES",
+    "TABLE_SCHEMAS",
+    "TENSOR_KINDS",
+    "TENSORS_SCHEMA",
+]
+
+FORMAT = "teraio-profile/1"
+_META = {b"format": FORMAT.encode()}
+
+PHASES = ("forward", "backward", "optimizer", "other")
+TENSOR_KINDS = (
+    "param", "grad", "optimizer_state", "activation", "input", "buffer", "temporary", "other",
+)
+ACCESS_KINDS = ("read", "write")
+
+# One row per op (kernel) of each recorded iteration.
+KERNELS_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("op_index", pa.int32(), nullable=False),
+        pa.field("op_name", pa.string(), nullable=False),
+        pa.field("phase", pa.string(), nullable=False),
+        pa.field("module", pa.string(), nullable=True),
+        pa.field("start_us", pa.float64(), nullable=False),  # from iteration start
+        pa.field("duration_us", pa.float64(), nullable=False),
+    ],
+    metadata=_META,
+)
+
+# One row per tensor storage of one iteration (ids are the same every iteration).
+# alloc_op: first op at which the storage is alive (-1: alive when the iteration starts).
+# free_op: first op at which it is no longer alive (-1: alive when the iteration ends).
+# NOTE [ Wrapping lifetimes ]: a storage re-made every iteration that survives
+# the boundary (gradients with zero_grad(set_to_none=True)) has
+# 0 <= free_op <= alloc_op: it is alive at op i iff i >= alloc_op or i < free_op.
+TENSORS_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("tensor_id", pa.int64(), nullable=False),
+        pa.field("size_bytes", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("dtype", pa.string(), nullable=False),
+        pa.field("name", pa.string(), nullable=True),
+        pa.field("persistent", pa.bool_(), nullable=False),
+        pa.field("alloc_op", pa.int32(), nullable=False),
+        pa.field("free_op", pa.int32(), nullable=False),
+    ],
+    metadata=_META,
+)
+
+# An access marks the tensor active during that op.
+ACCESSES_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("op_index", pa.int32(), nullable=False),
+        pa.field("tensor_id", pa.int64(), nullable=False),
+        pa.field("access", pa.string(), nullable=False),
+    ],
+    metadata=_META,
+)
+
+TABLE_SCHEMAS = {
+    "kernels": KERNELS_SCHEMA,
+    "tensors": TENSORS_SCHEMA,
+    "accesses": ACCESSES_SCHEMA,
+}

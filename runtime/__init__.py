@@ -1,0 +1,1 @@
+"""The migration engine: residency table, plan executor, I/O queues, storage backends."""

@@ -1,0 +1,126 @@
+"""`teraio profile` and `teraio inspect` as a user runs them: real subprocesses, real scripts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import EXAMPLE, SMALL_GPT, run_teraio
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def one_line_error(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if line.startswith("teraio: error:")]
+    assert len(errors) == 1, stderr
+    assert "Traceback" not in stderr.split("teraio: error:")[0] or "raise" in stderr
+    return errors[0]
+
+
+def test_profile_writes_four_files_and_passes_script_args(tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    r = run_teraio("profile", EXAMPLE, "--out", out, "--iters", "2", "--", *SMALL_GPT,
+                   "--steps", "4")
+    assert r.returncode == 0, r.stderr
+    assert sorted(f.name for f in out.iterdir()) == [
+        "accesses.parquet", "kernels.parquet", "meta.json", "tensors.parquet"]
+    assert r.stdout.count("step ") == 2  # stopped inside the 3rd step (warm-up + 2), before its print
+    assert r.stderr.count("(recorded)") == 2 and "(warm-up)" in r.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["script_args"][-2:] == ["--steps", "4"] and meta["mode"] == "real"
+
+
+def test_default_out_is_newest_under_profiles(tmp_path: Path) -> None:
+    script = tmp_path / "tiny.py"
+    write(script, "import torch\nw = torch.nn.Parameter(torch.ones(2))\n"
+                  "o = torch.optim.SGD([w], lr=0.1)\n"
+                  "for _ in range(3):\n    (w * 2).sum().backward(); o.step()\n")
+    r = run_teraio("profile", script, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    made = [p for p in (tmp_path / "profiles").iterdir()]
+    assert len(made) == 1 and made[0].name.startswith("tiny-")
+    assert (made[0] / "meta.json").is_file()
+
+
+def test_missing_script(tmp_path: Path) -> None:
+    r = run_teraio("profile", tmp_path / "nope.py")
+    assert r.returncode == 2
+    assert "no such script" in one_line_error(r.stderr)
+
+
+def test_script_that_raises_shows_its_traceback_and_leaves_nothing(tmp_path: Path) -> None:
+    script = write(tmp_path / "boom.py", "def f():\n    raise ValueError('bad batch')\nf()\n")
+    out = tmp_path / "p"
+    r = run_teraio("profile", script, "--out", out)
+    assert r.returncode == 1
+    assert "Traceback (most recent call last)" in r.stderr
+    assert 'boom.py", line 2, in f' in r.stderr and "ValueError: bad batch" in r.stderr
+    assert "teraio/" not in r.stderr.split("ValueError")[0]  # no teraio frames
+    assert "failed (exit status 1)" in r.stderr
+    assert not out.exists() and not list(tmp_path.glob(".p.tmp-*"))
+
+
+def test_script_exit_code_is_passed_on(tmp_path: Path) -> None:
+    script = write(tmp_path / "quit.py", "import sys\nsys.exit(7)\n")
+    r = run_teraio("profile", script, "--out", tmp_path / "p")
+    assert r.returncode == 7
+    assert not (tmp_path / "p").exists()
+
+
+def test_script_without_optimizer(tmp_path: Path) -> None:
+    script = write(tmp_path / "noopt.py", "import torch\nx = torch.ones(3) * 2\nprint('done')\n")
+    r = run_teraio("profile", script, "--out", tmp_path / "p")
+    assert r.returncode == 2
+    assert "no iteration boundary seen: " in one_line_error(r.stderr)
+    assert "teraio.mark_iteration()" in r.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_script_too_short(tmp_path: Path) -> None:
+    r = run_teraio("profile", EXAMPLE, "--out", tmp_path / "p", "--iters", "5", "--",
+                   *SMALL_GPT, "--steps", "2")
+    assert r.returncode == 2
+    assert "ended after 2 iterations" in one_line_error(r.stderr)
+
+
+def test_existing_out_needs_force(tmp_path: Path) -> None:
+    (tmp_path / "p").mkdir()
+    r = run_teraio("profile", EXAMPLE, "--out", tmp_path / "p")
+    assert r.returncode == 2
+    assert "already exists; pass --force" in one_line_error(r.stderr)
+
+
+def test_inspect_summary_and_json(gpt_profile: Path) -> None:
+    r = run_teraio("inspect", gpt_profile)
+    assert r.returncode == 0, r.stderr
+    for words in ("peak memory", "activation", "optimizer_state", "active bytes",
+                  "inactive periods by tensor size", "largest tensors"):
+        assert words in r.stdout
+    j = run_teraio("inspect", gpt_profile, "--json")
+    s = json.loads(j.stdout)
+    assert 0 < s["active_fraction_mean"] <= s["active_fraction_max"] <= 1
+    assert len(s["largest_tensors"]) == 10
+    assert set(s["peak_by_kind"]) >= {"param", "activation"}
+    assert sum(s["peak_by_kind"].values()) == s["peak_bytes"]
+
+
+def test_inspect_damaged_and_wrong_version(gpt_profile: Path, tmp_path: Path) -> None:
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(gpt_profile, bad)
+    (bad / "kernels.parquet").write_bytes(b"\x00garbage")
+    r = run_teraio("inspect", bad)
+    assert r.returncode == 2
+    assert "kernels.parquet: not a readable Parquet file" in one_line_error(r.stderr)
+
+    old = tmp_path / "old"
+    shutil.copytree(gpt_profile, old)
+    meta = json.loads((old / "meta.json").read_text())
+    (old / "meta.json").write_text(json.dumps({**meta, "format": "teraio-profile/0"}))
+    r = run_teraio("inspect", old)
+    assert r.returncode == 2
+    assert "expected 'teraio-profile/1'" in one_line_error(r.stderr)

@@ -1,0 +1,35 @@
+"""Shared test helpers: the CLI runs as a real subprocess, the example as a real script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "train_gpt.py"
+# Small enough for a CPU step of a few tens of milliseconds.
+SMALL_GPT = ["--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "32", "--batch", "4",
+             "--vocab", "128"]
+
+
+def run_teraio(*args: str | os.PathLike[str], cwd: Path | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run `python -m teraio ARGS` and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "teraio", *map(str, args)],
+        capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def gpt_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3-iteration profile of the small example GPT, made once per test session."""
+    out = tmp_path_factory.mktemp("gpt") / "profile"
+    r = run_teraio("profile", EXAMPLE, "--out", out, "--iters", "3", "--", *SMALL_GPT,
+                   "--steps", "5")
+    assert r.returncode == 0, r.stderr
+    return out

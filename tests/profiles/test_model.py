@@ -1,0 +1,165 @@
+"""The version-1 profile format: exact schemas, round trips, validation, derived views."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from profiles import (
+    FORMAT,
+    Profile,
+    ProfileFormatError,
+    active_bytes,
+    find_newest_profile,
+    inactive_periods,
+    memory_curve,
+    read_profile,
+    write_profile,
+)
+from profiles.schema import ACCESSES_SCHEMA, KERNELS_SCHEMA, TENSORS_SCHEMA
+
+
+def tiny_profile() -> Profile:
+    """Four ops; a persistent weight w (id 0), an activation a and a temporary t.
+
+    op:        0      1      2      3
+    w (100)    read   .      .      read      persistent
+    a (10)     write  .      .      read      alive [0, 4)
+    t (1)      .      write  read   .         alive [1, 3)
+    """
+    kernels = pd.DataFrame({
+        "rank": 0, "iteration": 1, "op_index": range(4),
+        "op_name": ["aten.mm", "aten.relu", "aten.sum", "aten.mm"],
+        "phase": ["forward", "forward", "forward", "backward"],
+        "module": ["l1", None, None, "l1"],
+        "start_us": [0.0, 10.0, 20.0, 30.0], "duration_us": [10.0, 10.0, 10.0, 10.0],
+    })
+    tensors = pd.DataFrame({
+        "rank": 0, "tensor_id": [0, 1, 2], "size_bytes": [100, 10, 1],
+        "kind": ["param", "activation", "temporary"], "dtype": "float32",
+        "name": ["l1.weight", None, None], "persistent": [True, False, False],
+        "alloc_op": [-1, 0, 1], "free_op": [-1, 4, 3],
+    })
+    accesses = pd.DataFrame({
+        "rank": 0, "iteration": 1, "op_index": [0, 0, 1, 2, 3, 3],
+        "tensor_id": [0, 1, 2, 2, 0, 1],
+        "access": ["read", "write", "write", "read", "read", "read"],
+    })
+    return Profile(meta={"signature": "x", "mode": "real"}, kernels=kernels, tensors=tensors,
+                   accesses=accesses)
+
+
+def test_round_trip_keeps_exact_columns_and_values(tmp_path: Path) -> None:
+    p = tiny_profile()
+    out = write_profile(p, tmp_path / "p")
+    assert sorted(f.name for f in out.iterdir()) == [
+        "accesses.parquet", "kernels.parquet", "meta.json", "tensors.parquet"]
+    for name, schema in [("kernels", KERNELS_SCHEMA), ("tensors", TENSORS_SCHEMA),
+                         ("accesses", ACCESSES_SCHEMA)]:
+        table = pq.read_table(out / f"{name}.parquet")
+        assert table.schema.names == schema.names
+        assert table.schema.metadata[b"format"] == FORMAT.encode()
+    back = read_profile(out)
+    assert back.meta["format"] == FORMAT
+    for name in ("kernels", "tensors", "accesses"):
+        pd.testing.assert_frame_equal(getattr(back, name), getattr(p, name), check_dtype=False)
+
+
+def test_write_refuses_existing_directory(tmp_path: Path) -> None:
+    write_profile(tiny_profile(), tmp_path / "p")
+    with pytest.raises(FileExistsError):
+        write_profile(tiny_profile(), tmp_path / "p")
+    write_profile(tiny_profile(), tmp_path / "p", force=True)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_damaged_and_foreign_files_are_named(tmp_path: Path) -> None:
+    out = write_profile(tiny_profile(), tmp_path / "p")
+    (out / "tensors.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(ProfileFormatError, match="tensors.parquet: not a readable Parquet"):
+        read_profile(out)
+
+    out = write_profile(tiny_profile(), tmp_path / "q")
+    table = pq.read_table(out / "kernels.parquet")
+    pq.write_table(table.replace_schema_metadata({b"format": b"teraio-profile/0"}),
+                   out / "kernels.parquet")
+    with pytest.raises(ProfileFormatError, match="kernels.parquet: format 'teraio-profile/0'"):
+        read_profile(out)
+
+    out = write_profile(tiny_profile(), tmp_path / "r")
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "format": "teraio-profile/9"}))
+    with pytest.raises(ProfileFormatError, match="meta.json: format 'teraio-profile/9'"):
+        read_profile(out)
+
+    out = write_profile(tiny_profile(), tmp_path / "s")
+    (out / "accesses.parquet").unlink()
+    with pytest.raises(ProfileFormatError, match="accesses.parquet: file is missing"):
+        read_profile(out)
+
+    with pytest.raises(ProfileFormatError, match="no such profile directory"):
+        read_profile(tmp_path / "nowhere")
+
+
+def test_wrong_columns_are_refused(tmp_path: Path) -> None:
+    out = write_profile(tiny_profile(), tmp_path / "p")
+    table = pq.read_table(out / "accesses.parquet").drop(["access"])
+    pq.write_table(table.replace_schema_metadata({b"format": FORMAT.encode()}),
+                   out / "accesses.parquet")
+    with pytest.raises(ProfileFormatError, match="do not match"):
+        read_profile(out)
+
+
+def test_bad_values_are_refused(tmp_path: Path) -> None:
+    p = tiny_profile()
+    bad = Profile(meta=p.meta, kernels=p.kernels, tensors=p.tensors.assign(kind="weird"),
+                  accesses=p.accesses)
+    out = write_profile(bad, tmp_path / "p")
+    with pytest.raises(ProfileFormatError, match="kind outside"):
+        read_profile(out)
+
+
+def test_memory_curve_and_active_bytes() -> None:
+    p = tiny_profile()
+    assert memory_curve(p).tolist() == [110, 111, 111, 110]
+    assert active_bytes(p).tolist() == [110, 1, 1, 110]
+
+
+def test_wrapping_lifetime_counts_both_ends() -> None:
+    p = tiny_profile()
+    tensors = p.tensors.copy()
+    tensors.loc[2, ["alloc_op", "free_op"]] = [2, 1]  # alive at ops 0 and 2, 3
+    wrapped = Profile(meta=p.meta, kernels=p.kernels, tensors=tensors, accesses=p.accesses)
+    assert memory_curve(wrapped).tolist() == [111, 110, 111, 111]
+
+
+def test_inactive_periods_include_wrap_for_persistent() -> None:
+    periods = inactive_periods(tiny_profile()).sort_values(["tensor_id", "start_op"])
+    rows = periods[["tensor_id", "start_op", "end_op", "num_ops", "wraps"]].values.tolist()
+    # w: gap 0 -> 3, then wrap 3 -> 0 + 4 = 4 has no op between: not a period.
+    # a: gap 0 -> 3. t: 1 -> 2 is adjacent: no period.
+    assert rows == [[0, 0, 3, 2, False], [1, 0, 3, 2, False]]
+    assert np.allclose(periods["duration_us"], [20.0, 20.0])
+
+
+def test_find_newest_profile(tmp_path: Path) -> None:
+    with pytest.raises(ProfileFormatError, match="no profile found"):
+        find_newest_profile(tmp_path)
+    a = write_profile(tiny_profile(), tmp_path / "a")
+    b = write_profile(tiny_profile(), tmp_path / "b")
+    (tmp_path / "__pycache__").mkdir()
+    import os
+    os.utime(a / "meta.json", (1, 1))
+    assert find_newest_profile(tmp_path) == b
+
+
+def test_arrow_schemas_are_explicit() -> None:
+    assert KERNELS_SCHEMA.field("start_us").type == pa.float64()
+    assert TENSORS_SCHEMA.field("tensor_id").type == pa.int64()
+    assert not ACCESSES_SCHEMA.field("access").nullable

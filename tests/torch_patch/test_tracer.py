@@ -1,0 +1,137 @@
+"""The tracer on real PyTorch training steps: identity, memory curve, iteration boundaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from profiles import memory_curve, read_profile
+from tests.conftest import ROOT, run_teraio
+from torch_patch import ProfileComplete, Tracer, mark_iteration
+
+HERE = Path(__file__).parent
+
+
+def trace(step, iters: int = 2, warmup: int = 1, steps: int = 6) -> pd.DataFrame:  # type: ignore[no-untyped-def]
+    tracer = Tracer(warmup=warmup, iters=iters)
+    with pytest.raises(ProfileComplete), tracer:
+        for _ in range(steps):
+            step()
+    return tracer
+
+
+def test_example_iterations_are_identical(gpt_profile: Path) -> None:
+    p = read_profile(gpt_profile)
+    assert p.iterations == [1, 2, 3]
+    assert p.meta["iterations_identical"] is True
+    k, a = p.kernels, p.accesses
+    first = k[k.iteration == 1]["op_name"].tolist()
+    cols = ["op_index", "tensor_id", "access"]
+    acc1 = a[a.iteration == 1][cols].reset_index(drop=True)
+    for it in (2, 3):
+        assert k[k.iteration == it]["op_name"].tolist() == first
+        pd.testing.assert_frame_equal(a[a.iteration == it][cols].reset_index(drop=True), acc1)
+    kinds = set(p.tensors["kind"])
+    assert {"param", "grad", "optimizer_state", "activation"} <= kinds
+    params = p.tensors[p.tensors.kind == "param"]
+    assert params["persistent"].all() and (params["alloc_op"] == -1).all()
+    assert params["name"].str.startswith(("tok.", "pos.", "blocks.", "ln.", "head.")).all()
+    state = p.tensors[p.tensors.kind == "optimizer_state"]["name"]
+    assert state.str.endswith((".exp_avg", ".exp_avg_sq", ".step")).all()
+    assert set(p.kernels["phase"]) >= {"forward", "backward", "optimizer"}
+    assert p.kernels["module"].dropna().str.startswith("blocks.").any()
+
+
+def test_parameter_bytes_match_the_model(gpt_profile: Path) -> None:
+    p = read_profile(gpt_profile)
+    # --layers 2 --hidden 64 --vocab 128 --seq 32, float32
+    h, v, s, layers = 64, 128, 32, 2
+    per_layer = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (4 * h * h + 4 * h) + (4 * h * h + h)
+    num_params = v * h + s * h + layers * per_layer + 2 * h + v * h
+    params = p.tensors[p.tensors.kind == "param"]["size_bytes"].sum()
+    assert params == 4 * num_params
+    state = p.tensors[p.tensors.kind == "optimizer_state"]["size_bytes"].sum()
+    assert state == 8 * num_params + 4 * len(params_of(p))
+
+
+def params_of(p):  # type: ignore[no-untyped-def]
+    return p.tensors[p.tensors.kind == "param"]
+
+
+def test_mlp_memory_curve_is_exact(tmp_path: Path) -> None:
+    r = run_teraio("profile", HERE / "mlp_script.py", "--out", tmp_path / "p")
+    assert r.returncode == 0, r.stderr
+    p = read_profile(tmp_path / "p")
+    ops = p.kernels_of()["op_name"].tolist()
+    assert ops[:6] == ["aten.randn.default", "aten.mm.default", "aten.relu.default",
+                       "aten.detach.default", "aten.mm.default", "aten.sum.default"]
+    # float32 sizes from B, D, H = 4, 8, 16: w1 512, w2 64, x 128, h 256, a 256, y 16, loss 4.
+    # Lifetimes by hand, [first op alive, first op not alive):
+    lifetimes = [
+        (512, 0, 20), (64, 0, 20),      # w1, w2
+        (512, 0, 6), (64, 0, 6),        # last iteration's grads, until zero_grad (before op 6)
+        (128, 0, 18), (256, 1, 18), (256, 2, 18), (16, 4, 18), (4, 5, 18),  # x h a y loss
+        (4, 6, 18),                     # the backward seed, ones_like(loss)
+        (64, 9, 20),                    # grad of w2 = a^T @ grad_y
+        (256, 11, 15),                  # grad of a = grad_y @ w2^T
+        (256, 14, 17),                  # grad of h = threshold_backward
+        (512, 16, 20),                  # grad of w1 = x^T @ grad_h
+    ]
+    expected = [sum(s for s, a, f in lifetimes if a <= i < f) for i in range(20)]
+    assert len(ops) == 20
+    assert memory_curve(p).tolist() == expected
+
+
+def test_gradient_accumulation_is_one_iteration() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad()
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+
+    tracer = trace(step)
+    kernels = tracer.done[0][0]
+    assert (kernels["op_name"] == "aten.addmm.default").sum() == 3
+
+
+def test_several_optimizers_end_the_iteration_at_the_last() -> None:
+    tracer = Tracer(warmup=1, iters=2)
+    with pytest.raises(ProfileComplete), tracer:  # optimizers made inside, as in a script
+        a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
+        opt_b = torch.optim.Adam(b.parameters(), lr=0.1)
+        for _ in range(5):
+            b(a(torch.randn(2, 4))).sum().backward()
+            opt_a.step()
+            opt_b.step()
+    first, second = tracer.done[0][0], tracer.done[1][0]
+    assert first["op_name"].tolist() == second["op_name"].tolist()
+    assert first["phase"].iloc[-1] == "optimizer"
+    assert (first["op_name"] == "aten.addmm.default").sum() == 2
+    assert (first["op_name"] == "aten.lerp_.Scalar").sum() >= 1  # Adam ran inside it
+
+
+def test_mark_iteration_without_optimizer() -> None:
+    w = torch.randn(4, 4, requires_grad=True)
+
+    def step() -> None:
+        (w @ torch.randn(4, 2)).sum().backward()
+        with torch.no_grad():
+            w.sub_(0.1 * w.grad)
+        w.grad = None
+        mark_iteration()
+
+    tracer = trace(step)
+    assert len(tracer.done) == 2
+    assert tracer.done[0][0]["op_name"].tolist() == tracer.done[1][0]["op_name"].tolist()
+
+
+def test_example_script_runs_unchanged() -> None:
+    assert (ROOT / "examples" / "train_gpt.py").is_file()

@@ -1,0 +1,146 @@
+"""Storage identity (DESIGN.md section 4): ids from the op stream, never from ``data_ptr``.
+
+* persistent storages (parameters, buffers, optimizer state, gradients that
+  stay allocated) are named from the model and optimizer and numbered
+  ``0, 1, ...`` in a stable order (``persistent_names``);
+* a storage an op produces is ``produced_id(op_index, output_position)``;
+* a storage first seen as an op input that nothing in the iteration produced
+  is ``input_id(op_index, tensor_argument_position)``;
+* a transient storage alive at an iteration boundary gets ``CARRIED_FLAG``
+  added to its id.
+
+The Python ``UntypedStorage`` object of a storage lives exactly as long as the
+storage itself (PyTorch preserves it), so ``id()`` of it is a stable key while
+the storage lives, and a weak reference tells us when it is freed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "CARRIED_FLAG",
+    "INPUT_BASE",
+    "PRODUCED_BASE",
+    "PersistentName",
+    "StorageIds",
+    "input_id",
+    "persistent_names",
+    "produced_id",
+]
+
+PRODUCED_BASE = 1 << 40
+INPUT_BASE = 2 << 40
+# Set on the id of a transient storage that outlives an iteration boundary, so
+# that it never collides with the ids the next iteration gives (see NOTE
+# [ Carried storages ] in torch_patch.tracer).
+CARRIED_FLAG = 1 << 47
+_POS_BITS = 16  # up to 65536 tensors per op (foreach ops over every parameter)
+
+
+def produced_id(op_index: int, position: int) -> int:
+    return PRODUCED_BASE + (op_index << _POS_BITS) + position
+
+
+def input_id(op_index: int, position: int) -> int:
+    return INPUT_BASE + (op_index << _POS_BITS) + position
+
+
+@dataclass(frozen=True)
+class PersistentName:
+    name: str
+    kind: str  # param | buffer | optimizer_state | grad
+    storage: torch.UntypedStorage
+
+
+def persistent_names(
+    roots: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]
+) -> tuple[list[PersistentName], dict[int, str]]:
+    """The named persistent storages in a stable order, and a map id(param) -> param name.
+
+    Order: each root module's parameters then buffers; then, per optimizer and
+    parameter in group order, its state tensors by sorted key and its gradient.
+    A storage shared by several names (tied weights) keeps the first.
+    """
+    roots = list(roots)
+    out: list[PersistentName] = []
+    seen: set[int] = set()
+    param_names: dict[int, str] = {}
+
+    def add(name: str, kind: str, t: torch.Tensor) -> None:
+        try:
+            s = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if id(s) not in seen:
+            seen.add(id(s))
+            out.append(PersistentName(name, kind, s))
+
+    for i, root in enumerate(roots):
+        prefix = f"root{i}." if len(roots) > 1 else ""
+        for name, p in root.named_parameters():
+            param_names.setdefault(id(p), prefix + name)
+            add(prefix + name, "param", p)
+        for name, b in root.named_buffers():
+            add(prefix + name, "buffer", b)
+    for j, opt in enumerate(optimizers):
+        for g, group in enumerate(opt.param_groups):
+            for k, p in enumerate(group["params"]):
+                pname = param_names.get(id(p), f"opt{j}.group{g}.param{k}")
+                param_names.setdefault(id(p), pname)
+                add(pname, "param", p)
+                state = opt.state.get(p, {})
+                for key in sorted(state, key=str):
+                    if isinstance(state[key], torch.Tensor):
+                        add(f"{pname}.{key}", "optimizer_state", state[key])
+                if p.grad is not None:
+                    add(f"{pname}.grad", "grad", p.grad)
+    return out, param_names
+
+
+class StorageIds:
+    """Live storages -> tensor ids, with a callback when a tracked storage is freed."""
+
+    def __init__(self, on_free: Callable[[int], None] | None = None) -> None:
+        self._ids: dict[int, int] = {}  # id(UntypedStorage) -> tensor id
+        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self.on_free = on_free
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def get(self, storage: torch.UntypedStorage) -> int | None:
+        return self._ids.get(id(storage))
+
+    def assign(self, storage: torch.UntypedStorage, tensor_id: int) -> None:
+        key = id(storage)
+        if key not in self._refs:
+            self._refs[key] = weakref.ref(storage, self._make_callback(key))
+        self._ids[key] = tensor_id
+
+    def _make_callback(self, key: int) -> Callable[[object], None]:
+        def freed(_: object) -> None:
+            self._refs.pop(key, None)
+            tid = self._ids.pop(key, None)
+            if tid is not None and self.on_free is not None:
+                self.on_free(tid)
+
+        return freed
+
+    def live(self) -> dict[int, torch.UntypedStorage]:
+        """Tensor id -> storage of every tracked storage still alive."""
+        out = {}
+        for key, ref in list(self._refs.items()):
+            s = ref()
+            if s is not None and key in self._ids:
+                out[self._ids[key]] = s
+        return out
+
+    def clear(self) -> None:
+        self.on_free = None
+        self._ids.clear()
+        self._refs.clear()

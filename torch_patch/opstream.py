@@ -1,0 +1,294 @@
+"""The op stream every teraio dispatch mode shares: op counting, storage ids, phases,
+module paths and iteration boundaries.
+
+``OpStream`` is a ``TorchDispatchMode``. For every aten op it names the input
+storages (``torch_patch.identity``), lets a subclass run the op
+(``run_op``: the tracer times it, the runtime first makes its inputs
+resident), then names the new output storages. Iteration boundaries come from
+a global optimizer step post-hook (the iteration ends when every live
+optimizer has stepped since the last boundary, so several optimizers and
+gradient accumulation both work) or from ``teraio.mark_iteration()``, which
+once called replaces the optimizer rule.
+
+The tensor loop is written out by hand: a ``tree_flatten`` recorder measured
+25-45 us per op on these machines against 7-13 us for a lean one.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torch_patch.identity import (
+    CARRIED_FLAG,
+    PRODUCED_BASE,
+    StorageIds,
+    input_id,
+    persistent_names,
+    produced_id,
+)
+
+__all__ = ["OpInfo", "OpStream", "active_stream", "mark_iteration"]
+
+_ACTIVE: list[OpStream] = []
+_Tensor = torch.Tensor
+
+
+def active_stream() -> OpStream | None:
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def mark_iteration() -> None:
+    """Mark the end of a training iteration, for loops that do not step a ``torch.optim``
+    optimizer. Without an active teraio session this does nothing."""
+    stream = active_stream()
+    if stream is not None:
+        stream.explicit_boundary()
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str
+    skip: bool  # profiler bookkeeping ops: not counted, touch no tensor data
+    mutable_args: frozenset[int]  # positions of arguments the op writes
+    mutable_kwargs: frozenset[str]
+
+
+def _op_info(func: Any) -> OpInfo:
+    args = func._schema.arguments
+    writes = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+    skip = func.namespace == "profiler"
+    return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes))
+
+
+class OpStream(TorchDispatchMode):
+    """Base dispatch mode; see the module docstring. Subclasses override the hooks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids = StorageIds(on_free=self.on_free)
+        self.iteration = 0
+        self.op_index = 0  # ops started in this iteration; also the index of the next op
+        self.module_stack: list[str] = []
+        self.persistent: dict[int, tuple[str, str]] = {}  # tensor id -> (name, kind)
+        self.labels: dict[int, tuple[str, str]] = {}  # made this iteration -> (name, kind)
+        self._infos: dict[Any, OpInfo] = {}
+        self._roots: list[torch.nn.Module] = []
+        self._module_names: dict[int, str] = {}
+        self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
+        self._stepped: set[int] = set()
+        self._in_optimizer = 0
+        self._explicit = False
+        self._handles: list[Any] = []
+        self._orig_opt_init: Any = None
+
+    # ---- hooks for subclasses -------------------------------------------------
+    def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               inputs: list[tuple[int, _Tensor, bool]]) -> Any:
+        """Run op ``index``; ``inputs`` holds (tensor id, tensor, written) per tensor argument."""
+        return func(*args, **kwargs)
+
+    def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, _Tensor, bool]],
+                 outputs: list[tuple[int, _Tensor, bool]]) -> None:
+        """``outputs`` holds (tensor id, tensor, is a new storage) per output tensor."""
+
+    def on_free(self, tensor_id: int) -> None:
+        """A tracked storage was freed; ``self.op_index`` is the first op it is not alive at."""
+
+    def end_iteration(self) -> None:
+        """Called at a boundary, before persistent storages are renamed."""
+
+    def begin_iteration(self) -> None:
+        """Called after a boundary, with ``self.iteration`` already advanced."""
+
+    # ---- the dispatch mode ----------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        info = self._infos.get(func)
+        if info is None:
+            info = self._infos[func] = _op_info(func)
+        if info.skip:
+            return func(*args, **kwargs)
+        index = self.op_index
+        self.op_index = index + 1
+        ids = self.ids
+        inputs: list[tuple[int, _Tensor, bool]] = []
+        pos = 0
+        for i, a in enumerate(args):
+            if isinstance(a, _Tensor):
+                pos = self._input(index, pos, a, i in info.mutable_args, inputs, ids)
+            elif isinstance(a, (list, tuple)):
+                w = i in info.mutable_args
+                for b in a:
+                    if isinstance(b, _Tensor):
+                        pos = self._input(index, pos, b, w, inputs, ids)
+        for key, a in kwargs.items():
+            if isinstance(a, _Tensor):
+                pos = self._input(index, pos, a, key in info.mutable_kwargs, inputs, ids)
+
+        out = self.run_op(index, func, args, kwargs, inputs)
+
+        outputs: list[tuple[int, _Tensor, bool]] = []
+        if isinstance(out, _Tensor):
+            self._output(index, 0, out, outputs, ids)
+        elif isinstance(out, (list, tuple)):
+            n = 0
+            for o in out:
+                if isinstance(o, _Tensor):
+                    self._output(index, n, o, outputs, ids)
+                    n += 1
+                elif isinstance(o, (list, tuple)):
+                    for p in o:
+                        if isinstance(p, _Tensor):
+                            self._output(index, n, p, outputs, ids)
+                            n += 1
+        self.after_op(index, info, inputs, outputs)
+        return out
+
+    @staticmethod
+    def _input(index: int, pos: int, t: _Tensor, write: bool,
+               inputs: list[tuple[int, _Tensor, bool]], ids: StorageIds) -> int:
+        try:
+            s = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
+            return pos + 1
+        tid = ids.get(s)
+        if tid is None:
+            tid = input_id(index, pos)
+            ids.assign(s, tid)
+        inputs.append((tid, t, write))
+        return pos + 1
+
+    @staticmethod
+    def _output(index: int, pos: int, t: _Tensor,
+                outputs: list[tuple[int, _Tensor, bool]], ids: StorageIds) -> None:
+        try:
+            s = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        tid = ids.get(s)
+        if tid is None:
+            tid = produced_id(index, pos)
+            ids.assign(s, tid)
+            outputs.append((tid, t, True))
+        else:
+            outputs.append((tid, t, False))
+
+    def phase(self) -> str:
+        if self._in_optimizer:
+            return "optimizer"
+        if torch._C._current_graph_task_id() != -1:
+            return "backward"
+        if self.module_stack or torch.is_grad_enabled():
+            return "forward"
+        return "other"
+
+    def module(self) -> str | None:
+        return self.module_stack[-1] if self.module_stack else None
+
+    # ---- iteration boundaries -------------------------------------------------
+    def explicit_boundary(self) -> None:
+        self._explicit = True
+        self._boundary()
+
+    def _boundary(self) -> None:
+        named, _ = persistent_names(self._roots, self.optimizers())
+        # Storages made in this iteration that are about to get persistent names
+        # (gradients with zero_grad(set_to_none=True)): their kind, for end_iteration.
+        self.labels = {}
+        for pn in named:
+            old = self.ids.get(pn.storage)
+            if old is not None and old not in self.persistent:
+                self.labels[old] = (pn.name, pn.kind)
+        self.end_iteration()
+        for number, pn in enumerate(named):
+            self.ids.assign(pn.storage, number)
+            self.persistent[number] = (pn.name, pn.kind)
+        for tid, storage in self.ids.live().items():
+            if tid >= PRODUCED_BASE and not tid & CARRIED_FLAG:
+                self.ids.assign(storage, tid | CARRIED_FLAG)
+        self.iteration += 1
+        self.op_index = 0
+        self._stepped.clear()
+        self.begin_iteration()
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        alive = [o for o in (r() for r in self._optimizers) if o is not None]
+        return alive
+
+    def _register_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        if all(r() is not opt for r in self._optimizers):
+            self._optimizers.append(weakref.ref(opt))
+
+    def _step_pre(self, opt: torch.optim.Optimizer, *_: Any) -> None:
+        self._register_optimizer(opt)
+        self._in_optimizer += 1
+
+    def _step_post(self, opt: torch.optim.Optimizer, *_: Any) -> None:
+        self._in_optimizer -= 1
+        if self._explicit:
+            return
+        self._stepped.add(id(opt))
+        if all(id(o) in self._stepped for o in self.optimizers()):
+            self._boundary()
+
+    # ---- module paths ---------------------------------------------------------
+    def _module_name(self, module: torch.nn.Module) -> str:
+        name = self._module_names.get(id(module))
+        if name is not None:
+            return name
+        if not self.module_stack:  # a new root model
+            self._roots.append(module)
+            prefix = f"root{len(self._roots) - 1}." if len(self._roots) > 1 else ""
+            for sub, m in module.named_modules():
+                self._module_names.setdefault(id(m), (prefix + sub).rstrip("."))
+            return self._module_names[id(module)]
+        name = f"{self.module_stack[-1]}.{type(module).__name__}".lstrip(".")
+        self._module_names[id(module)] = name
+        return name
+
+    def _fwd_pre(self, module: torch.nn.Module, _args: Any) -> None:
+        self.module_stack.append(self._module_name(module))
+
+    def _fwd_post(self, _module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if self.module_stack:
+            self.module_stack.pop()
+
+    # ---- context ---------------------------------------------------------------
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        self._handles = [
+            register_module_forward_pre_hook(self._fwd_pre),
+            register_module_forward_hook(self._fwd_post, always_call=True),
+            register_optimizer_step_pre_hook(self._step_pre),
+            register_optimizer_step_post_hook(self._step_post),
+        ]
+        orig = self._orig_opt_init = torch.optim.Optimizer.__init__
+        stream = self
+
+        def init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+            orig(opt, *args, **kwargs)
+            stream._register_optimizer(opt)
+
+        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign,assignment]
+        _ACTIVE.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        if self._orig_opt_init is not None:
+            torch.optim.Optimizer.__init__ = self._orig_opt_init  # type: ignore[method-assign]
+            self._orig_opt_init = None
+        for h in self._handles:
+            h.remove()
+        self._handles = []

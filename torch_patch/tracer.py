@@ -1,0 +1,307 @@
+"""The profiling tracer: records ops, their timing and every storage access.
+
+``Tracer`` skips ``warmup`` iterations (iteration 0 creates optimizer state),
+records ``iters`` iterations and then raises ``ProfileComplete`` out of the
+optimizer step (or ``mark_iteration``) that ended the last one, which stops
+the training script. ``Tracer.profile()`` returns the recorded ``Profile``.
+Op timing is wall time on CPU and CUDA events on GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from profiles import Profile
+from torch_patch.identity import CARRIED_FLAG, INPUT_BASE, PRODUCED_BASE
+from torch_patch.opstream import OpInfo, OpStream
+
+__all__ = ["IterationSummary", "ProfileComplete", "Tracer", "signature_of"]
+
+_READ, _WRITE = 0, 1
+
+
+class ProfileComplete(BaseException):  # noqa: N818 (a control-flow signal, not an error)
+    """Raised out of the training script once the requested iterations are recorded."""
+
+
+class IterationSummary(dict[str, Any]):
+    """What ``on_iteration`` receives: iteration, recorded, num_ops, time_us, peak_bytes."""
+
+
+def signature_of(op_names: list[str], sizes: dict[int, int]) -> str:
+    """SHA-256 over one rank's op-name sequence and storage sizes (by tensor id)."""
+    h = hashlib.sha256()
+    h.update("\n".join(op_names).encode())
+    for tid in sorted(sizes):
+        h.update(f"{tid}:{sizes[tid]};".encode())
+    return h.hexdigest()
+
+
+class _Iteration:
+    """The raw record of one iteration, in flat lists (cheap to append)."""
+
+    def __init__(self, carried: dict[int, int]) -> None:
+        self.carried = carried  # tensor id -> size of storages alive at the start
+        self.op_names: list[str] = []
+        self.phases: list[str] = []
+        self.modules: list[str | None] = []
+        self.start_ns: list[int] = []
+        self.dur_ns: list[float] = []
+        self.acc_op: list[int] = []
+        self.acc_tid: list[int] = []
+        self.acc_kind: list[int] = []
+        self.alloc: dict[int, int] = {}  # tensor id -> op index
+        self.frees: dict[int, int] = {}  # tensor id -> first op it is not alive at
+        self.events: list[tuple[Any, Any]] = []
+
+
+class Tracer(OpStream):
+    def __init__(
+        self,
+        warmup: int = 1,
+        iters: int = 2,
+        on_iteration: Callable[[IterationSummary], None] | None = None,
+        cuda_timing: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if warmup < 1:
+            raise ValueError("warmup must be at least 1: iteration 0 creates optimizer state")
+        if iters < 1:
+            raise ValueError("iters must be at least 1")
+        self.warmup = warmup
+        self.iters = iters
+        self.on_iteration = on_iteration
+        self.cuda_timing = torch.cuda.is_available() if cuda_timing is None else cuda_timing
+        self.sizes: dict[int, int] = {}
+        self.dtypes: dict[int, str] = {}
+        self.kinds: dict[int, str] = {}
+        self.names: dict[int, str | None] = {}
+        self.alloc_phase: dict[int, str] = {}
+        self.done: list[tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]] = []
+        self.consistent = True
+        self._rec: _Iteration | None = None
+        self._t0 = time.perf_counter_ns()
+        self._now = time.perf_counter_ns
+
+    @property
+    def recording(self) -> bool:
+        return self._rec is not None
+
+    # ---- per op ---------------------------------------------------------------
+    def run_op(self, index, func, args, kwargs, inputs):  # type: ignore[no-untyped-def]
+        rec = self._rec
+        if rec is None:
+            return func(*args, **kwargs)
+        if self.cuda_timing:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = func(*args, **kwargs)
+            end.record()
+            rec.events.append((start, end))
+            rec.start_ns.append(0)
+            rec.dur_ns.append(0.0)
+        else:
+            t0 = self._now()
+            out = func(*args, **kwargs)
+            rec.start_ns.append(t0)
+            rec.dur_ns.append(float(self._now() - t0))
+        return out
+
+    def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
+                 outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+        rec = self._rec
+        if rec is None:
+            for tid, t, new in outputs:  # keep sizes of storages that outlive the warm-up
+                if new:
+                    self._note(tid, t)
+            for tid, t, _ in inputs:
+                if tid not in self.sizes:
+                    self._note(tid, t)
+            return
+        phase = self.phase()
+        rec.op_names.append(info.name)
+        rec.phases.append(phase)
+        rec.modules.append(self.module())
+        acc_op, acc_tid, acc_kind = rec.acc_op, rec.acc_tid, rec.acc_kind
+        for tid, t, write in inputs:
+            if tid not in rec.alloc and tid not in rec.carried:  # made outside any op
+                self._note(tid, t)
+                rec.alloc[tid] = index
+                self.alloc_phase[tid] = phase
+            elif tid not in self.dtypes:
+                self._note(tid, t)
+            acc_op.append(index)
+            acc_tid.append(tid)
+            acc_kind.append(_WRITE if write else _READ)
+        for tid, t, new in outputs:
+            if new:
+                self._note(tid, t)
+                rec.alloc[tid] = index
+                self.alloc_phase[tid] = phase
+                acc_op.append(index)
+                acc_tid.append(tid)
+                acc_kind.append(_WRITE)
+
+    def _note(self, tid: int, t: torch.Tensor) -> None:
+        self.sizes[tid] = t.untyped_storage().nbytes()
+        self.dtypes[tid] = str(t.dtype).removeprefix("torch.")
+
+    def on_free(self, tensor_id: int) -> None:
+        rec = self._rec
+        if rec is not None:
+            rec.frees[tensor_id] = self.op_index
+
+    # ---- iterations -------------------------------------------------------------
+    def begin_iteration(self) -> None:
+        if self.iteration >= self.warmup:
+            live = {tid: self.sizes.get(tid, s.nbytes()) for tid, s in self.ids.live().items()}
+            for tid in live:
+                self.sizes.setdefault(tid, live[tid])
+            self._rec = _Iteration(live)
+            self._t0 = self._now()
+            if self.cuda_timing:
+                torch.cuda.synchronize()
+
+    def end_iteration(self) -> None:
+        rec = self._rec
+        recorded = rec is not None
+        if rec is not None:
+            self._close(rec)
+            self._rec = None
+        if self.on_iteration is not None:
+            k = self.done[-1][0] if recorded else None
+            self.on_iteration(IterationSummary(
+                iteration=self.iteration, recorded=recorded, num_ops=self.op_index,
+                time_us=float((k["start_us"] + k["duration_us"]).max()) if k is not None
+                and len(k) else None,
+            ))
+        if len(self.done) >= self.iters:
+            raise ProfileComplete
+
+    def _align_carried(self, rec: _Iteration) -> None:
+        """Give storages carried in from the previous iteration the ids of their successors.
+
+        NOTE [ Carried storages ]: a transient storage that outlives the boundary
+        (the last loss or batch, still bound to a Python name) is given
+        ``CARRIED_FLAG`` at the boundary so that its id cannot collide with
+        this iteration's ids. Carried storages that die in this iteration are
+        paired, in order of their old ids, with the storages this iteration
+        makes that outlive it (and get no persistent name): in steady state
+        these are the same variables, so both copies share one id and its
+        lifetime wraps (NOTE [ Wrapping lifetimes ] in ``profiles.schema``).
+        Pairing by order also maps iteration 0, whose op indices include the
+        script's set-up, onto the steady state.
+        """
+        prev = sorted(t for t in rec.carried if t & CARRIED_FLAG and t in rec.frees)
+        new = sorted(t for t in rec.alloc
+                     if t >= PRODUCED_BASE and t not in rec.frees and t not in self.labels)
+        if not prev or len(prev) != len(new):
+            return
+        rename = dict(zip(prev, new, strict=True))
+        rec.carried = {rename.get(t, t): n for t, n in rec.carried.items()}
+        rec.frees = {rename.get(t, t): f for t, f in rec.frees.items()}
+        rec.acc_tid = [rename.get(t, t) for t in rec.acc_tid]
+
+    def _close(self, rec: _Iteration) -> None:
+        it = self.iteration
+        self._align_carried(rec)
+        n = len(rec.op_names)
+        if self.cuda_timing and rec.events:
+            torch.cuda.synchronize()
+            first = rec.events[0][0]
+            starts = [first.elapsed_time(s) * 1e3 for s, _ in rec.events]
+            durs = [s.elapsed_time(e) * 1e3 for s, e in rec.events]
+        else:
+            starts = [(t - self._t0) / 1e3 for t in rec.start_ns]
+            durs = [d / 1e3 for d in rec.dur_ns]
+        kernels = pd.DataFrame({
+            "rank": 0, "iteration": it, "op_index": range(n), "op_name": rec.op_names,
+            "phase": rec.phases, "module": rec.modules, "start_us": starts, "duration_us": durs,
+        })
+        accesses = pd.DataFrame({
+            "rank": 0, "iteration": it, "op_index": rec.acc_op, "tensor_id": rec.acc_tid,
+            "access": np.array(["read", "write"])[np.asarray(rec.acc_kind, np.int64)],
+        }).drop_duplicates(ignore_index=True)
+        tensors = self._tensor_rows(rec, rec.phases)
+        if self.done:
+            k0, t0, _ = self.done[0]
+            same = (
+                k0["op_name"].tolist() == kernels["op_name"].tolist()
+                and t0[["tensor_id", "size_bytes", "alloc_op", "free_op"]].equals(
+                    tensors[["tensor_id", "size_bytes", "alloc_op", "free_op"]])
+            )
+            self.consistent = self.consistent and same
+        self.done.append((kernels, tensors, accesses))
+
+    def _kind(self, tid: int, alloc_phase: str | None, free_phase: str | None) -> str:
+        if tid in self.persistent:
+            return self.persistent[tid][1]
+        if tid in self.labels:
+            return self.labels[tid][1]
+        if tid & ~CARRIED_FLAG >= INPUT_BASE:
+            return "input"
+        if tid < PRODUCED_BASE or tid & CARRIED_FLAG:  # made before the iteration
+            return "other"
+        if alloc_phase == "forward":
+            return "temporary" if free_phase == "forward" else "activation"
+        if alloc_phase in ("backward", "optimizer"):
+            return "temporary"
+        return "other"
+
+    def _tensor_rows(self, rec: _Iteration, phases: list[str]) -> pd.DataFrame:
+        rows = []
+        tids = sorted(set(rec.carried) | set(rec.alloc))
+        for tid in tids:
+            alloc = rec.alloc.get(tid, -1)
+            free = rec.frees.get(tid, -1)
+            if tid in rec.carried and alloc >= 0 and (free < 0 or free > alloc):
+                # The previous iteration's copy outlives the birth of this one (or is
+                # never freed): count one copy throughout.
+                alloc = free = -1
+            free_phase = phases[free - 1] if alloc < free <= len(phases) else None
+            name = self.persistent.get(tid, self.labels.get(tid, (None, "")))[0]
+            rows.append((
+                0, tid, self.sizes[tid], self._kind(tid, self.alloc_phase.get(tid), free_phase),
+                self.dtypes.get(tid, "uint8"), name,
+                alloc < 0 and free < 0 or (alloc >= 0 and 0 <= free <= alloc),
+                alloc, free,
+            ))
+        return pd.DataFrame(rows, columns=[
+            "rank", "tensor_id", "size_bytes", "kind", "dtype", "name", "persistent",
+            "alloc_op", "free_op",
+        ])
+
+    # ---- result -------------------------------------------------------------------
+    def profile(self, meta: dict[str, Any]) -> Profile:
+        if not self.done:
+            raise RuntimeError("no iteration recorded")
+        kernels = pd.concat([d[0] for d in self.done], ignore_index=True)
+        tensors = self.done[0][1]
+        accesses = pd.concat([d[2] for d in self.done], ignore_index=True)
+        k0 = self.done[0][0]
+        sizes = dict(zip(tensors["tensor_id"], tensors["size_bytes"], strict=True))
+        device = "cuda" if self.cuda_timing else "cpu"
+        full = {
+            "mode": "real",
+            "device_type": device,
+            "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "device_memory_bytes": torch.cuda.get_device_properties(0).total_memory
+            if device == "cuda" else None,
+            "world_size": 1,
+            "ranks": [0],
+            "iterations": [int(i) for i in kernels["iteration"].unique()],
+            "iterations_identical": self.consistent,
+            "torch_version": torch.__version__,
+            "python_version": sys.version.split()[0],
+            "signature": signature_of(k0["op_name"].tolist(), sizes),
+            **meta,
+        }
+        return Profile(meta=full, kernels=kernels, tensors=tensors, accesses=accesses)
