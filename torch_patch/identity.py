@@ -108,6 +108,7 @@ class StorageIds:
     def __init__(self, on_free: Callable[[int], None] | None = None) -> None:
         self._ids: dict[int, int] = {}  # id(UntypedStorage) -> tensor id
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self._keys: dict[int, int] = {}  # tensor id -> id(UntypedStorage), the latest one
         self.on_free = on_free
 
     def __len__(self) -> int:
@@ -121,11 +122,21 @@ class StorageIds:
         if key not in self._refs:
             self._refs[key] = weakref.ref(storage, self._make_callback(key))
         self._ids[key] = tensor_id
+        self._keys[tensor_id] = key
+
+    def storage(self, tensor_id: int) -> torch.UntypedStorage | None:
+        """The live storage that has ``tensor_id`` (the latest one given it), if any."""
+        key = self._keys.get(tensor_id)
+        ref = self._refs.get(key) if key is not None else None
+        s = ref() if ref is not None else None
+        return s if s is not None and self._ids.get(key) == tensor_id else None  # type: ignore[arg-type]
 
     def _make_callback(self, key: int) -> Callable[[object], None]:
         def freed(_: object) -> None:
             self._refs.pop(key, None)
             tid = self._ids.pop(key, None)
+            if tid is not None and self._keys.get(tid) == key:
+                del self._keys[tid]
             if tid is not None and self.on_free is not None:
                 self.on_free(tid)
 
@@ -144,3 +155,4 @@ class StorageIds:
         self.on_free = None
         self._ids.clear()
         self._refs.clear()
+        self._keys.clear()

@@ -31,14 +31,15 @@ def _script_traceback(tb: TracebackType | None, script: Path) -> TracebackType |
     return tb
 
 
-def run_script(script: Path, args: list[str]) -> None:
+def run_script(script: Path, args: list[str],
+               passthrough: tuple[type[BaseException], ...] = ()) -> None:
     """Run ``script`` as ``__main__`` with ``sys.argv = [script, *args]``.
 
     A normal end or ``sys.exit(0)`` returns. An exception from the script
     prints its traceback (from the script's frames on) to stderr and raises
     ``ScriptFailed(1)``; ``sys.exit(n)`` raises ``ScriptFailed(n)``. Exceptions
     that are not ``Exception`` (``KeyboardInterrupt``, teraio's own stop
-    signals) pass through.
+    signals) pass through, and so do the ``passthrough`` exception types.
     """
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [str(script), *args]
@@ -54,6 +55,8 @@ def run_script(script: Path, args: list[str]) -> None:
             code = 1
         raise ScriptFailed(code) from None
     except Exception as exc:
+        if isinstance(exc, passthrough):
+            raise
         traceback.print_exception(type(exc), exc, _script_traceback(exc.__traceback__, script))
         raise ScriptFailed(1) from None
     finally:

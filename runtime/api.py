@@ -1,0 +1,173 @@
+"""``offload``: run training code under a plan (the Python API behind `teraio run`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from profiles.errors import TeraioError
+from runtime.backends import Backend, HostBackend, KvikioBackend, PosixBackend
+from runtime.engine import MigrationEngine
+from runtime.executor import Move, PlanExecutor
+from runtime.memory import peak_rss_bytes, tune_malloc
+
+__all__ = ["RunPlan", "load_run_plan", "make_backends", "offload"]
+
+PLAN_FORMAT = "teraio-plan/1"
+DEFAULT_HOST_POOL_BYTES = 1 << 30
+
+
+class PlanFileError(TeraioError):
+    """plan.json is missing, damaged or of another version."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the runtime takes from plan.json for one rank."""
+
+    signature: str
+    moves: list[Move]
+    op_names: list[str] | None
+    host_mem_bytes: int | None
+    summary: dict[str, Any]
+
+
+def load_run_plan(path: str | os.PathLike[str], rank: int = 0) -> RunPlan:
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise PlanFileError(f"{p}: no such plan file; make one with `teraio plan`") from None
+    except (OSError, ValueError) as exc:
+        raise PlanFileError(f"{p}: not a readable plan ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else None
+        raise PlanFileError(f"{p}: format {found!r}, expected {PLAN_FORMAT!r}")
+    try:
+        ranks = doc["ranks"]
+        entries = ranks[str(rank)]
+        moves = [
+            Move(tensor_id=int(m["tensor_id"]), action=str(m["action"]),
+                 target=str(m.get("target") or m.get("source")), trigger_op=int(m["trigger_op"]),
+                 deadline_op=int(m["deadline_op"]), size_bytes=int(m["size_bytes"]),
+                 urgent=bool(m.get("urgent", False)))
+            for m in entries
+        ]
+        op_names = doc.get("op_names", {}).get(str(rank))
+        params = doc.get("parameters", {})
+        host = params.get("host_mem_bytes")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanFileError(f"{p}: malformed plan ({exc!r} missing or wrong)") from None
+    if any(m.action not in ("offload", "prefetch") for m in moves):
+        raise PlanFileError(f"{p}: an action other than offload or prefetch")
+    return RunPlan(str(doc.get("signature", "")), moves, op_names,
+                   int(host) if host is not None else None, dict(doc.get("summary", {})))
+
+
+def make_backends(backend: str, swap_dir: str | os.PathLike[str] | None,
+                  host_mem_bytes: int) -> dict[str, Backend]:
+    """The backend for each plan target ("ssd", "host"), chosen once at start."""
+    host = HostBackend(host_mem_bytes)
+    if backend == "host":
+        return {"ssd": host, "host": host}
+    if backend == "kvikio" or (backend == "auto" and torch.cuda.is_available()
+                               and _has_kvikio()):
+        return {"ssd": KvikioBackend(swap_dir), "host": host}
+    if backend not in ("auto", "posix"):
+        raise ValueError(f"unknown backend {backend!r}: choose auto, posix, host or kvikio")
+    return {"ssd": PosixBackend(swap_dir), "host": host}
+
+
+def _has_kvikio() -> bool:
+    try:
+        import kvikio  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextmanager
+def offload(plan: str | os.PathLike[str] | RunPlan, *, swap_dir: str | os.PathLike[str] | None = None,
+            backend: str = "auto", host_mem_bytes: int | None = None,
+            report: str | os.PathLike[str] | None = None, num_workers: int = 2,
+            follow_from: int = 1) -> Iterator[PlanExecutor]:
+    """Train under ``plan``: the body's ops run with the plan's transfers carried out.
+
+    Results are bit-identical to running the body without it. Every tensor
+    moved out is back when the block ends; swap files are removed on exit,
+    on error and on Ctrl-C (SIGTERM is turned into ``SystemExit``).
+    """
+    run_plan = plan if isinstance(plan, RunPlan) else load_run_plan(plan)
+    host_bytes = host_mem_bytes or run_plan.host_mem_bytes or DEFAULT_HOST_POOL_BYTES
+    if torch.cuda.is_available() is False:
+        tune_malloc()
+    backends = make_backends(backend, swap_dir, min(host_bytes, DEFAULT_HOST_POOL_BYTES * 64))
+    engine = MigrationEngine(num_workers)
+    executor = PlanExecutor(run_plan.moves, run_plan.op_names, backends, engine, follow_from)
+    old_term = _term_as_exit()
+    t0 = time.perf_counter()
+    try:
+        with executor:
+            yield executor
+    finally:
+        engine.close()
+        for b in {id(b): b for b in backends.values()}.values():
+            b.close()
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+        if report is not None:
+            write_report(report, executor, run_plan, time.perf_counter() - t0)
+
+
+def _term_as_exit() -> Any:
+    if sys.platform == "win32":
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    except ValueError:  # not the main thread
+        return None
+
+
+def run_report(executor: PlanExecutor, plan: RunPlan, wall_s: float) -> dict[str, Any]:
+    s = executor.stats
+    steady = s.iteration_s[1:] or s.iteration_s
+    measured_iter = sorted(steady)[len(steady) // 2] if steady else None
+    written, read = dict(s.bytes_written), dict(s.bytes_read)
+    return {
+        "peak_tracked_bytes": s.peak_tracked_bytes,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "stalls": s.stalls,
+        "stall_s": s.stall_s,
+        "on_demand_fetches": s.on_demand_fetches,
+        "cancelled_offloads": s.cancelled_offloads,
+        "failed_writes": s.failed_writes,
+        "bytes_written": written,
+        "bytes_read": read,
+        "write_bandwidth_bytes_per_s": sum(written.values()) / s.write_busy_s
+        if s.write_busy_s else None,
+        "read_bandwidth_bytes_per_s": sum(read.values()) / s.read_busy_s if s.read_busy_s else None,
+        "iterations": len(s.iteration_s),
+        "iteration_s": s.iteration_s,
+        "measured_iteration_s": measured_iter,
+        "predicted": plan.summary,
+        "diverged_at": executor.diverged if executor.divergence_reported else None,
+        "wall_s": wall_s,
+    }
+
+
+def write_report(path: str | os.PathLike[str], executor: PlanExecutor, plan: RunPlan,
+                 wall_s: float) -> None:
+    Path(path).write_text(json.dumps(run_report(executor, plan, wall_s), indent=2) + "\n")
+
+
+__all__ += ["PlanFileError", "run_report"]

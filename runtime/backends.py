@@ -1,0 +1,319 @@
+"""Storage backends: where offloaded bytes live (DESIGN.md section 7).
+
+One small synchronous interface, called from the migration engine's worker
+threads: ``write(key, src)`` stores a uint8 tensor's bytes under ``key``,
+``read(key, dst)`` fills a uint8 tensor of the same length, ``delete(key)``
+drops them. ``src``/``dst`` alias the storage being moved.
+
+* ``PosixBackend``: one file per key in a private swap directory (0700, files
+  0600), O_DIRECT through 4 KiB-aligned staging buffers where the filesystem
+  allows it, buffered I/O otherwise. The syscalls release the GIL.
+* ``HostBackend``: a preallocated host buffer (pinned on CUDA) with a byte
+  limit, carved first-fit into 4 KiB-aligned blocks.
+* ``KvikioBackend``: GPUDirect Storage through kvikio's ``CuFile`` on device
+  buffers; only with CUDA and the ``teraio[gds]`` extra.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+__all__ = ["Backend", "BackendFull", "HostBackend", "KvikioBackend", "PosixBackend", "backend_names"]
+
+ALIGN = 4096
+STAGING_BYTES = 8 << 20
+
+
+class BackendFull(OSError):  # noqa: N818
+    """The backend has no room for the bytes (disk full, file-size limit, pool limit)."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def write(self, key: int, src: torch.Tensor) -> None: ...
+
+    def read(self, key: int, dst: torch.Tensor) -> None: ...
+
+    def delete(self, key: int) -> None: ...
+
+    def where(self, key: int) -> str: ...
+
+    def close(self) -> None: ...
+
+
+def backend_names() -> list[str]:
+    return ["posix", "host", "kvikio"]
+
+
+def _host_bytes(t: torch.Tensor) -> memoryview:
+    """A writable memoryview on a CPU uint8 tensor's memory.
+
+    Not through ``Tensor.numpy()``: that marks the storage as not resizable,
+    for good, and offloading frees storages by resizing them.
+    """
+    n = t.numel()
+    if n == 0:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
+def _round_up(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class PosixBackend:
+    """Files under a private swap directory; see the module docstring."""
+
+    name = "posix"
+
+    def __init__(self, swap_dir: str | os.PathLike[str] | None = None, direct: bool = True,
+                 num_staging: int = 4) -> None:
+        parent = Path(swap_dir) if swap_dir is not None else None
+        if parent is not None:
+            parent.mkdir(parents=True, exist_ok=True)
+        self.dir = Path(tempfile.mkdtemp(prefix="teraio-swap-", dir=parent))
+        os.chmod(self.dir, 0o700)
+        self.direct = direct and hasattr(os, "O_DIRECT") and self._probe_direct()
+        self._staging: list[mmap.mmap] = [mmap.mmap(-1, STAGING_BYTES) for _ in range(num_staging)]
+        self._lock = threading.Lock()
+        self._cuda_staging: dict[int, torch.Tensor] = {}
+
+    def _probe_direct(self) -> bool:
+        probe = self.dir / ".probe"
+        try:
+            fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
+        except OSError:
+            return False
+        try:
+            buf = mmap.mmap(-1, ALIGN)
+            os.pwrite(fd, buf, 0)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+            probe.unlink(missing_ok=True)
+
+    def where(self, key: int) -> str:
+        return str(self.dir / f"{key}.bin")
+
+    def _take_staging(self) -> mmap.mmap:
+        with self._lock:
+            return self._staging.pop() if self._staging else mmap.mmap(-1, STAGING_BYTES)
+
+    def _give_staging(self, buf: mmap.mmap) -> None:
+        with self._lock:
+            self._staging.append(buf)
+
+    def write(self, key: int, src: torch.Tensor) -> None:
+        if src.is_cuda:
+            src = self._to_host(src)
+        data = _host_bytes(src)
+        flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC
+        try:
+            fd = os.open(self.where(key), flags | (os.O_DIRECT if self.direct else 0), 0o600)
+        except OSError as exc:
+            raise _full_or(exc) from None
+        try:
+            if not self.direct:
+                self._pwrite_all(fd, data, 0)
+                return
+            buf = self._take_staging()
+            try:
+                for off in range(0, len(data), STAGING_BYTES):
+                    chunk = data[off:off + STAGING_BYTES]
+                    buf[:len(chunk)] = chunk
+                    self._pwrite_all(fd, memoryview(buf)[:_round_up(len(chunk))], off)
+            finally:
+                self._give_staging(buf)
+        except OSError as exc:
+            raise _full_or(exc) from None
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(data):
+            n = os.pwrite(fd, data[done:], offset + done)
+            if n <= 0:
+                raise BackendFull(28, "short write")
+            done += n
+
+    def read(self, key: int, dst: torch.Tensor) -> None:
+        target = torch.empty(dst.numel(), dtype=torch.uint8) if dst.is_cuda else dst
+        data = _host_bytes(target)
+        path = self.where(key)
+        size = os.stat(path).st_size
+        if size < len(data):
+            raise OSError(f"file holds {size} bytes, expected {len(data)} (truncated?)")
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if self.direct else 0))
+        try:
+            if not self.direct:
+                self._pread_all(fd, data, 0)
+            else:
+                buf = self._take_staging()
+                try:
+                    for off in range(0, len(data), STAGING_BYTES):
+                        n = min(STAGING_BYTES, len(data) - off)
+                        self._pread_all(fd, memoryview(buf)[:_round_up(n)], off, need=n)
+                        data[off:off + n] = buf[:n]
+                finally:
+                    self._give_staging(buf)
+        finally:
+            os.close(fd)
+        if dst.is_cuda:
+            dst.copy_(target, non_blocking=False)
+
+    @staticmethod
+    def _pread_all(fd: int, data: memoryview, offset: int, need: int | None = None) -> None:
+        need = len(data) if need is None else need
+        done = 0
+        while done < need:
+            n = os.preadv(fd, [data[done:]], offset + done)
+            if n <= 0:
+                raise OSError(f"short read: got {done} of {need} bytes at offset {offset}")
+            done += n
+
+    def _to_host(self, src: torch.Tensor) -> torch.Tensor:
+        host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=True)
+        host.copy_(src, non_blocking=False)
+        return host
+
+    def delete(self, key: int) -> None:
+        Path(self.where(key)).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        for buf in self._staging:
+            buf.close()
+        self._staging = []
+
+
+def _full_or(exc: OSError) -> OSError:
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return BackendFull(exc.errno, f"{exc.strerror}")
+    return exc
+
+
+class HostBackend:
+    """A preallocated host buffer with a byte limit (pinned when CUDA is present)."""
+
+    name = "host"
+
+    def __init__(self, limit_bytes: int, pin: bool | None = None) -> None:
+        pin = torch.cuda.is_available() if pin is None else pin
+        self.limit_bytes = limit_bytes
+        self.pool = torch.empty(limit_bytes, dtype=torch.uint8, pin_memory=pin)
+        self._free: list[tuple[int, int]] = [(0, limit_bytes)]  # (offset, size), sorted
+        self._blocks: dict[int, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+        self.used_bytes = 0
+
+    def where(self, key: int) -> str:
+        off = self._blocks.get(key, (-1, 0))[0]
+        return f"host memory (offset {off})"
+
+    def _alloc(self, size: int) -> int:
+        size = _round_up(max(size, 1))
+        with self._lock:
+            for i, (off, n) in enumerate(self._free):
+                if n >= size:
+                    self._free[i:i + 1] = [(off + size, n - size)] if n > size else []
+                    self.used_bytes += size
+                    return off
+        raise BackendFull(12, f"host pool full ({self.used_bytes} of {self.limit_bytes} bytes used)")
+
+    def _release(self, off: int, size: int) -> None:
+        size = _round_up(max(size, 1))
+        with self._lock:
+            self.used_bytes -= size
+            blocks = sorted([*self._free, (off, size)])
+            merged: list[tuple[int, int]] = []
+            for o, n in blocks:
+                if merged and merged[-1][0] + merged[-1][1] == o:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + n)
+                else:
+                    merged.append((o, n))
+            self._free = merged
+
+    def write(self, key: int, src: torch.Tensor) -> None:
+        n = src.numel()
+        if key in self._blocks:
+            self.delete(key)
+        off = self._alloc(n)
+        self.pool[off:off + n].copy_(src)
+        self._blocks[key] = (off, n)
+
+    def read(self, key: int, dst: torch.Tensor) -> None:
+        off, n = self._blocks[key]
+        if n != dst.numel():
+            raise OSError(f"holds {n} bytes, expected {dst.numel()}")
+        dst.copy_(self.pool[off:off + n])
+
+    def delete(self, key: int) -> None:
+        block = self._blocks.pop(key, None)
+        if block is not None:
+            self._release(*block)
+
+    def close(self) -> None:
+        self._blocks.clear()
+        self._free = [(0, self.limit_bytes)]
+        self.used_bytes = 0
+
+
+class KvikioBackend:
+    """GPUDirect Storage through kvikio (CUDA only, optional extra ``teraio[gds]``)."""
+
+    name = "kvikio"
+
+    def __init__(self, swap_dir: str | os.PathLike[str] | None = None) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("the kvikio backend needs CUDA, and none is available")
+        try:
+            import kvikio
+            import kvikio.defaults
+        except ImportError as exc:
+            raise RuntimeError("the kvikio backend needs `pip install teraio[gds]`") from exc
+        self._kvikio = kvikio
+        parent = Path(swap_dir) if swap_dir is not None else None
+        self.dir = Path(tempfile.mkdtemp(prefix="teraio-gds-", dir=parent))
+        os.chmod(self.dir, 0o700)
+        d = kvikio.defaults
+        mode = d.get("compat_mode") if hasattr(d, "get") else d.compat_mode()
+        # In compatibility mode kvikio does POSIX I/O through a bounce buffer, not GDS.
+        self.compat_mode = str(mode).upper() not in ("OFF", "FALSE", "0", "COMPATMODE.OFF")
+
+    def where(self, key: int) -> str:
+        return str(self.dir / f"{key}.bin")
+
+    def write(self, key: int, src: torch.Tensor) -> None:
+        with self._kvikio.CuFile(self.where(key), "w") as f:
+            n = f.pwrite(src).get()
+        if n != src.numel():
+            raise BackendFull(28, f"short write: {n} of {src.numel()} bytes")
+        os.chmod(self.where(key), 0o600)
+
+    def read(self, key: int, dst: torch.Tensor) -> None:
+        with self._kvikio.CuFile(self.where(key), "r") as f:
+            n = f.pread(dst).get()
+        if n != dst.numel():
+            raise OSError(f"short read: {n} of {dst.numel()} bytes")
+
+    def delete(self, key: int) -> None:
+        Path(self.where(key)).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,349 @@
+"""The plan executor: a dispatch mode that carries out a plan while the script trains.
+
+Before op k of a followed iteration it (1) finishes what the engine completed
+(freeing storages whose bytes are safely written), (2) starts the transfers
+the plan triggers at k, (3) waits for offloads whose memory must be free by k,
+and (4) makes every input of op k resident, faulting in on demand whatever
+is not, plan or no plan. Waits are stalls, counted and timed. Iteration 0 is
+never followed (it differs from the profile: set-up and lazy optimizer state).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+from runtime.backends import Backend, BackendFull
+from runtime.engine import Job, MigrationEngine
+from runtime.errors import PlanMismatchError, StorageIOError
+from runtime.memory import trim
+from runtime.storage import byte_view, free_storage, realloc_storage
+from torch_patch.opstream import OpInfo, OpStream
+
+__all__ = ["Move", "PlanExecutor", "Residency"]
+
+
+class Residency(Enum):
+    DEVICE = "device"
+    OFFLOADING = "offloading"
+    SSD = "ssd"
+    HOST = "host"
+    FETCHING = "fetching"
+
+
+@dataclass(frozen=True)
+class Move:
+    """One planned transfer, as the executor needs it."""
+
+    tensor_id: int
+    action: str  # "offload" | "prefetch"
+    target: str  # "ssd" | "host": where the bytes go to or come from
+    trigger_op: int
+    deadline_op: int
+    size_bytes: int
+    urgent: bool = False
+
+
+@dataclass(eq=False)
+class _Entry:
+    state: Residency
+    nbytes: int
+    backend: Backend
+    target: str  # "ssd" | "host"
+    storage: weakref.ref[torch.UntypedStorage]
+    job: Job | None = None
+    touched: bool = False  # accessed while its offload was in flight: keep it
+
+
+@dataclass
+class RunStats:
+    stalls: int = 0
+    stall_s: float = 0.0
+    on_demand_fetches: int = 0
+    cancelled_offloads: int = 0
+    failed_writes: int = 0
+    bytes_written: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bytes_read: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    write_busy_s: float = 0.0
+    read_busy_s: float = 0.0
+    tracked_bytes: int = 0
+    peak_tracked_bytes: int = 0
+    iteration_s: list[float] = field(default_factory=list)
+
+
+class PlanExecutor(OpStream):
+    def __init__(self, moves: list[Move], op_names: list[str] | None,
+                 backends: dict[str, Backend], engine: MigrationEngine,
+                 follow_from: int = 1) -> None:
+        super().__init__()
+        self.triggers: dict[int, list[Move]] = defaultdict(list)
+        self.deadlines: dict[int, list[int]] = defaultdict(list)
+        for m in moves:
+            self.triggers[m.trigger_op].append(m)
+            if m.action == "offload":
+                self.deadlines[m.deadline_op].append(m.tensor_id)
+        self.planned_size = {m.tensor_id: m.size_bytes for m in moves}
+        self.op_names = op_names
+        self.backends = backends
+        self.engine = engine
+        self.follow_from = follow_from
+        self.moved: dict[int, _Entry] = {}
+        self.sizes: dict[int, int] = {}
+        self.stats = RunStats()
+        self.diverged: str | None = None
+        self.divergence_reported = False
+        self.matched_iterations = 0
+        self._warned: set[str] = set()
+        self._iter_t0 = time.perf_counter()
+
+    @property
+    def following(self) -> bool:
+        return self.iteration >= self.follow_from and self.diverged is None
+
+    # ---- per op ----------------------------------------------------------------
+    def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               inputs: list[tuple[int, torch.Tensor, bool]]) -> Any:
+        if self.engine.completed:
+            self._drain()
+        if self.following:
+            self._check_op(index, str(func))
+        if self.following:
+            for m in self.triggers.get(index, ()):
+                self._start(m)
+            for tid in self.deadlines.get(index, ()):
+                entry = self.moved.get(tid)
+                if entry is not None and entry.state is Residency.OFFLOADING:
+                    self._wait(entry)
+        if self.moved:
+            for tid, _, _ in inputs:
+                entry = self.moved.get(tid)
+                if entry is not None:
+                    self._make_resident(tid, entry)
+        return func(*args, **kwargs)
+
+    def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
+                 outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+        stats = self.stats
+        sizes = self.sizes
+        for tid, t, new in outputs:
+            if new:
+                n = t.untyped_storage().nbytes()
+                sizes[tid] = n
+                stats.tracked_bytes += n
+        for tid, t, _ in inputs:
+            if tid not in sizes:  # made outside any op, or before teraio started
+                n = t.untyped_storage().nbytes()
+                sizes[tid] = n
+                stats.tracked_bytes += n
+        if stats.tracked_bytes > stats.peak_tracked_bytes:
+            stats.peak_tracked_bytes = stats.tracked_bytes
+
+    def on_free(self, tensor_id: int) -> None:
+        entry = self.moved.pop(tensor_id, None)
+        n = self.sizes.pop(tensor_id, 0)
+        if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
+            n = 0  # its bytes were not counted while offloaded
+        self.stats.tracked_bytes -= n
+        if entry is not None and entry.job is None:
+            entry.backend.delete(tensor_id)
+        elif entry is not None and entry.job is not None:
+            entry.job.done.wait()
+            entry.backend.delete(tensor_id)
+
+    # ---- plan checks -------------------------------------------------------------
+    def _check_op(self, index: int, name: str) -> None:
+        names = self.op_names
+        if names is None:
+            return
+        if index >= len(names) or names[index] != name:
+            expected = names[index] if index < len(names) else "the end of the iteration"
+            self._diverge(f"iteration {self.iteration}, op {index}: ran {name}, "
+                          f"the plan expects {expected}")
+
+    def _diverge(self, where: str) -> None:
+        """Stop following the plan. The first followed iteration must match: a plan made
+        for another profile is refused. Later, the warning waits for the next iteration
+        boundary, so that code after the training loop is not reported as a divergence."""
+        self.restore_all()
+        self.diverged = where
+        if self.matched_iterations == 0:
+            raise PlanMismatchError(
+                f"the plan was made for another profile: {where}. Profile this script with "
+                f"these arguments (`teraio profile`) and plan again")
+
+    # ---- transfers ---------------------------------------------------------------
+    def _start(self, m: Move) -> None:
+        entry = self.moved.get(m.tensor_id)
+        if m.action == "offload":
+            if entry is not None:
+                return
+            storage = self.ids.storage(m.tensor_id)
+            if storage is None:
+                return
+            n = storage.nbytes()
+            if n != m.size_bytes:
+                self._diverge(f"iteration {self.iteration}, op {m.trigger_op}: tensor "
+                              f"{m.tensor_id} has {n} bytes, the plan expects {m.size_bytes}")
+                return
+            self._offload(m.tensor_id, storage, "host" if m.target == "host" else "ssd", m.urgent)
+        elif entry is not None:
+            if entry.state is Residency.OFFLOADING:
+                entry.touched = True
+            elif entry.state in (Residency.SSD, Residency.HOST):
+                self._fetch(m.tensor_id, entry, m.urgent)
+
+    def _offload(self, tid: int, storage: torch.UntypedStorage, target: str,
+                 urgent: bool) -> None:
+        backend = self.backends[target]
+        src = byte_view(storage)
+        if src.is_cuda:  # the bytes are ready once the compute stream gets here
+            event = torch.cuda.Event()
+            event.record()
+
+            def work() -> None:
+                event.synchronize()
+                backend.write(tid, src)
+        else:
+            def work() -> None:
+                backend.write(tid, src)
+
+        job = self.engine.submit(Job(tid, "write", storage.nbytes(), work, urgent, target))
+        self.moved[tid] = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target,
+                                 weakref.ref(storage), job)
+
+    def _fetch(self, tid: int, entry: _Entry, urgent: bool) -> None:
+        storage = entry.storage()
+        if storage is None:
+            return
+        realloc_storage(storage, entry.nbytes)
+        self.stats.tracked_bytes += entry.nbytes
+        self.stats.peak_tracked_bytes = max(self.stats.peak_tracked_bytes, self.stats.tracked_bytes)
+        dst = byte_view(storage)
+        backend = entry.backend
+
+        def work() -> None:
+            backend.read(tid, dst)
+
+        entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, work, urgent, entry.target))
+        entry.state = Residency.FETCHING
+
+    def _wait(self, entry: _Entry) -> None:
+        job = entry.job
+        if job is None:
+            return
+        if not job.done.is_set():
+            self.engine.promote(job)
+            t0 = time.perf_counter()
+            job.done.wait()
+            self.stats.stalls += 1
+            self.stats.stall_s += time.perf_counter() - t0
+        self._drain()
+
+    def _make_resident(self, tid: int, entry: _Entry) -> None:
+        if entry.state is Residency.OFFLOADING:
+            entry.touched = True  # still resident; keep it when the write finishes
+            return
+        if entry.state in (Residency.SSD, Residency.HOST):
+            self.stats.on_demand_fetches += 1
+            self._fetch(tid, entry, urgent=True)
+        self._wait(entry)
+
+    def _drain(self) -> None:
+        """Apply the state changes of every finished job (main thread only)."""
+        completed = self.engine.completed
+        while completed:
+            job = completed.popleft()
+            entry = self.moved.get(job.tensor_id)
+            if entry is None or entry.job is not job:
+                continue
+            entry.job = None
+            if job.direction == "write":
+                self._finish_write(job, entry)
+            else:
+                self._finish_read(job, entry)
+
+    def _finish_write(self, job: Job, entry: _Entry) -> None:
+        tid = job.tensor_id
+        storage = entry.storage()
+        if job.error is not None:
+            self.stats.failed_writes += 1
+            self._warn_once(f"write-{job.target}",
+                            f"could not write tensor {tid} to {job.target} ({job.error}); "
+                            "keeping such tensors in memory")
+            entry.backend.delete(tid)
+            del self.moved[tid]
+            if (isinstance(job.error, BackendFull) and job.target != "host"
+                    and "host" in self.backends and storage is not None and not entry.touched):
+                self._offload(tid, storage, "host", urgent=False)
+            return
+        self.stats.bytes_written[job.target] += job.nbytes
+        self.stats.write_busy_s += job.busy_s
+        if entry.touched or storage is None:
+            self.stats.cancelled_offloads += entry.touched
+            entry.backend.delete(tid)
+            del self.moved[tid]
+            return
+        free_storage(storage)
+        self.stats.tracked_bytes -= entry.nbytes
+        entry.state = Residency.HOST if job.target == "host" else Residency.SSD
+
+    def _finish_read(self, job: Job, entry: _Entry) -> None:
+        tid = job.tensor_id
+        if job.error is not None:
+            where = entry.backend.where(tid)
+            raise StorageIOError(tid, where, str(job.error))
+        self.stats.bytes_read[job.target] += job.nbytes
+        self.stats.read_busy_s += job.busy_s
+        entry.backend.delete(tid)
+        del self.moved[tid]
+
+    def restore_all(self) -> None:
+        """Bring every offloaded tensor back and wait for all transfers."""
+        for tid, entry in list(self.moved.items()):
+            if tid not in self.moved:
+                continue
+            if entry.state is Residency.OFFLOADING:
+                entry.touched = True
+            self._make_resident(tid, entry)
+        while self.moved:
+            entry = next(iter(self.moved.values()))
+            if entry.job is not None:
+                entry.job.done.wait()
+            self._drain()
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"teraio: {message}", RuntimeWarning, stacklevel=3)
+
+    # ---- iterations ----------------------------------------------------------------
+    def end_iteration(self) -> None:
+        if self.diverged is not None and not self.divergence_reported:
+            self.divergence_reported = True
+            warnings.warn(f"teraio: the op stream left the plan at {self.diverged}; restored "
+                          "every offloaded tensor, continuing on demand", RuntimeWarning,
+                          stacklevel=2)
+        now = time.perf_counter()
+        self.stats.iteration_s.append(now - self._iter_t0)
+        self._iter_t0 = now
+        if self.following and self.op_names is not None:
+            if self.op_index != len(self.op_names):
+                self._diverge(f"iteration {self.iteration}: {self.op_index} ops, the plan "
+                              f"expects {len(self.op_names)}")
+            else:
+                self.matched_iterations += 1
+        trim()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._drain()
+            self.restore_all()
+        finally:
+            super().__exit__(*exc)

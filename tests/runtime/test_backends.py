@@ -1,0 +1,115 @@
+"""One conformance suite for every storage backend this machine can run."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.backends import Backend, BackendFull, HostBackend, KvikioBackend, PosixBackend
+
+SIZES = [1, 4095, 4096, 4097, (8 << 20) + 13]
+
+
+def _kvikio_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "kvikio backend skipped: no CUDA device on this machine"
+    try:
+        import kvikio  # noqa: F401
+    except ImportError:
+        return "kvikio backend skipped: kvikio is not installed (pip install teraio[gds])"
+    return None
+
+
+@pytest.fixture(params=["posix-direct", "posix-buffered", "host", "kvikio"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    name = request.param
+    if name == "kvikio":
+        reason = _kvikio_reason()
+        if reason:
+            print(reason)
+            pytest.skip(reason)
+        b: Backend = KvikioBackend(tmp_path)
+    elif name == "host":
+        b = HostBackend(64 << 20)
+    else:
+        b = PosixBackend(tmp_path, direct=name == "posix-direct")
+        if name == "posix-direct" and not b.direct:  # type: ignore[attr-defined]
+            reason = f"O_DIRECT is not supported on the filesystem of {tmp_path}"
+            print(reason)
+            b.close()
+            pytest.skip(reason)
+    yield b
+    b.close()
+
+
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def random_bytes(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(device())
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_round_trip_is_exact(backend: Backend, n: int) -> None:
+    src = random_bytes(n, n)
+    backend.write(7, src)
+    dst = torch.zeros(n, dtype=torch.uint8, device=device())
+    backend.read(7, dst)
+    assert torch.equal(src, dst)
+
+
+def test_keys_are_independent_and_overwrite(backend: Backend) -> None:
+    a, b = random_bytes(10_000, 1), random_bytes(10_000, 2)
+    backend.write(1, a)
+    backend.write(2, b)
+    backend.write(1, b)
+    out = torch.empty(10_000, dtype=torch.uint8, device=device())
+    backend.read(1, out)
+    assert torch.equal(out, b)
+    backend.read(2, out)
+    assert torch.equal(out, b)
+
+
+def test_deleted_key_cannot_be_read(backend: Backend) -> None:
+    backend.write(3, random_bytes(100, 3))
+    backend.delete(3)
+    backend.delete(3)  # deleting twice is fine
+    with pytest.raises((OSError, KeyError)):
+        backend.read(3, torch.empty(100, dtype=torch.uint8, device=device()))
+
+
+def test_posix_files_are_private_and_removed(tmp_path: Path) -> None:
+    b = PosixBackend(tmp_path)
+    b.write(5, random_bytes(5000, 5))
+    assert stat.S_IMODE(os.stat(b.dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(b.where(5)).st_mode) == 0o600
+    b.close()
+    assert not b.dir.exists()
+
+
+def test_posix_truncated_file_is_an_error(tmp_path: Path) -> None:
+    b = PosixBackend(tmp_path)
+    b.write(5, random_bytes(10_000, 5))
+    os.truncate(b.where(5), 4096)
+    with pytest.raises(OSError, match="truncated"):
+        b.read(5, torch.empty(10_000, dtype=torch.uint8))
+    b.close()
+
+
+def test_host_pool_limit_and_reuse() -> None:
+    b = HostBackend(3 * 4096)
+    b.write(1, random_bytes(4096, 1))
+    b.write(2, random_bytes(8192, 2))
+    with pytest.raises(BackendFull):
+        b.write(3, random_bytes(1, 3))
+    b.delete(1)
+    b.delete(2)
+    b.write(4, random_bytes(3 * 4096, 4))  # freed blocks merge back into one
+    assert b.used_bytes == 3 * 4096
