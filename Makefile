@@ -11,10 +11,12 @@ DEMO_ARGS := --layers 4 --hidden 256 --seq 256 --batch 8 --steps 6
 install: $(STAMP)
 
 # torch first, pinned, so that pip takes the local CPU build instead of a multi-GB CUDA one.
+# editable_mode=compat puts the repo root on sys.path, so our `profiles` package wins over a
+# user's ./profiles/ output directory (a namespace package) when run as `python -m teraio`.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e '.[dev]'
 	touch $(STAMP)
 
 lint: install

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from teraio import cmd_inspect, cmd_profile, cmd_run
+from teraio import cmd_inspect, cmd_plan, cmd_profile, cmd_roofline, cmd_run
 
 __all__ = ["app", "main"]
 
@@ -21,6 +21,8 @@ _SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": False}
 app.command("profile", context_settings=_SCRIPT)(cmd_profile.profile)
 app.command("inspect")(cmd_inspect.inspect)
 app.command("run", context_settings=_SCRIPT)(cmd_run.run)
+app.command("plan")(cmd_plan.plan)
+app.command("roofline")(cmd_roofline.roofline)
 
 
 def main() -> None:

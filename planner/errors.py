@@ -1,0 +1,35 @@
+"""Errors the planner raises for a user's mistake: rooted at ``TeraioError``."""
+
+from __future__ import annotations
+
+from profiles.errors import TeraioError
+
+__all__ = ["InfeasibleBudgetError", "PlanFormatError"]
+
+
+class InfeasibleBudgetError(TeraioError, ValueError):
+    """The device capacity is below what one op needs resident at once: no plan can fit."""
+
+    def __init__(self, op_index: int, op_name: str, need_bytes: int, active_bytes: int,
+                 capacity_bytes: int) -> None:
+        gib = 1 << 30
+        super().__init__(
+            f"op {op_index} ({op_name}) needs {need_bytes:,} bytes ({need_bytes / gib:.2f} GiB) "
+            f"resident at once ({active_bytes:,} bytes of its own inputs and outputs, the rest "
+            f"tensors that are never idle there), more than the capacity {capacity_bytes:,} bytes "
+            f"({capacity_bytes / gib:.2f} GiB); raise --gpu-mem or shrink the batch"
+        )
+        self.op_index = op_index
+        self.op_name = op_name
+        self.need_bytes = need_bytes
+        self.active_bytes = active_bytes
+        self.capacity_bytes = capacity_bytes
+
+
+class PlanFormatError(TeraioError):
+    """plan.json is missing, damaged or of another format version."""
+
+    def __init__(self, path: object, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem

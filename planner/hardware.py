@@ -1,0 +1,52 @@
+"""The machine a plan is made for: device capacity and the bandwidth of each channel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_CPU_ADAM_PARAMS_PER_S", "Hardware"]
+
+# NOTE [ CPU-Adam throughput ]: fp32 Adam on the CPU is bound by host memory
+# bandwidth: per parameter it reads param, grad and both moments and writes
+# param and both moments, 28 bytes. At 100 GB/s of sustained host memory
+# bandwidth (a two-socket server) that is 3.6e9 parameters/s, an upper bound
+# for DeepSpeedCPUAdam (which DeepSpeed reports as 5-7x faster than PyTorch's
+# CPU Adam: https://www.deepspeed.ai/tutorials/zero-offload). Using the bound
+# favours the ZeRO-Offload baseline, never the planner.
+DEFAULT_CPU_ADAM_PARAMS_PER_S = 100e9 / 28
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """Capacities and bandwidths; bandwidths are bytes per second, sizes bytes."""
+
+    gpu_mem_bytes: int
+    """Device memory the plan must fit in (the memory curve's bound)."""
+    ssd_read_bw_bytes_per_s: float
+    """SSD to device (prefetch) bandwidth."""
+    ssd_write_bw_bytes_per_s: float
+    """Device to SSD (offload) bandwidth."""
+    host_bw_bytes_per_s: float = 25e9
+    """Host link bandwidth, each way (PCIe is full duplex): one write and one read channel."""
+    host_mem_bytes: int = 0
+    """Host memory the plan may use for offloaded tensors; 0 keeps everything on the SSD."""
+    cpu_adam_params_per_s: float = DEFAULT_CPU_ADAM_PARAMS_PER_S
+    """CPU optimizer throughput of the ZeRO-Offload baseline; see NOTE [ CPU-Adam throughput ]."""
+
+    def __post_init__(self) -> None:
+        if self.gpu_mem_bytes <= 0:
+            raise ValueError(f"gpu_mem_bytes must be positive, not {self.gpu_mem_bytes}")
+        if self.host_mem_bytes < 0:
+            raise ValueError(f"host_mem_bytes must be >= 0, not {self.host_mem_bytes}")
+        for name in ("ssd_read_bw_bytes_per_s", "ssd_write_bw_bytes_per_s", "host_bw_bytes_per_s",
+                     "cpu_adam_params_per_s"):
+            value = getattr(self, name)
+            if not value > 0 or value == float("inf"):
+                raise ValueError(f"{name} must be a positive finite number, not {value}")
+
+    def channel_bw(self) -> dict[str, float]:
+        """Bytes per second of each channel, by the names the simulator uses."""
+        return {
+            "ssd_write": self.ssd_write_bw_bytes_per_s, "ssd_read": self.ssd_read_bw_bytes_per_s,
+            "host_write": self.host_bw_bytes_per_s, "host_read": self.host_bw_bytes_per_s,
+        }

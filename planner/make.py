@@ -1,0 +1,141 @@
+"""From a profile to a plan: plan each rank, simulate it, mark urgent transfers, summarise."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.greedy import Move, plan_greedy
+from planner.hardware import Hardware
+from planner.plan import Migration, Plan
+from planner.problem import PlanProblem
+from planner.simulate import SimResult, simulate
+
+__all__ = ["RankPlan", "build_plan", "plan_rank", "settle_urgency", "summarize"]
+
+
+@dataclass(frozen=True, eq=False)
+class RankPlan:
+    """One rank's moves and their simulation."""
+
+    problem: PlanProblem
+    moves: tuple[Move, ...]
+    sim: SimResult
+
+
+def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
+                   capacity_bytes: float, max_rounds: int = 4) -> tuple[tuple[Move, ...], SimResult]:
+    """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
+
+    Urgent transfers are served first, which can make other ones late; after
+    ``max_rounds`` the last simulation stands and what it waited on is marked
+    too, so every transfer an op waits on in the returned simulation is urgent.
+    """
+    current = tuple(moves)
+    sim = simulate(problem, current, bw_bytes_per_s, capacity_bytes)
+    for round_ in range(max_rounds + 1):
+        marked = tuple(
+            mv.with_urgency(i in sim.waited_offloads, i in sim.waited_prefetches)
+            for i, mv in enumerate(current)
+        )
+        if marked == current:
+            break
+        current = marked
+        if round_ < max_rounds:
+            sim = simulate(problem, current, bw_bytes_per_s, capacity_bytes)
+    return current, sim
+
+
+def plan_rank(problem: PlanProblem, hw: Hardware) -> RankPlan:
+    """Plan one rank (``plan_greedy``) and simulate the plan."""
+    moves, sim = settle_urgency(problem, plan_greedy(problem, hw), hw.channel_bw(), hw.gpu_mem_bytes)
+    return RankPlan(problem, moves, sim)
+
+
+def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
+    """The plan report's numbers (also plan.json's ``summary``)."""
+    p, sim, moves = rank_plan.problem, rank_plan.sim, rank_plan.moves
+    to = {"ssd": 0, "host": 0}
+    for mv in moves:
+        to[mv.target] += mv.size_bytes
+    util = sim.utilisation(hw.channel_bw())
+    return {
+        "num_ops": p.num_ops,
+        "num_inactive_periods": p.num_periods,
+        "gpu_mem_bytes": hw.gpu_mem_bytes,
+        "peak_before_bytes": int(p.memory_bytes.max()) if p.num_ops else 0,
+        "peak_after_bytes": sim.peak_bytes,
+        "fits": sim.fits,
+        "ideal_iteration_us": sim.ideal_iteration_us,
+        "predicted_iteration_us": sim.iteration_us,
+        "slowdown": sim.slowdown,
+        "stall_us": sim.stall_us,
+        "num_stalled_ops": sim.num_stalls,
+        "num_migrations": 2 * len(moves),
+        "num_urgent": sum(mv.urgent_offload + mv.urgent_prefetch for mv in moves),
+        "bytes_to_ssd": to["ssd"],
+        "bytes_to_host": to["host"],
+        "host_peak_bytes": sim.host_peak_bytes,
+        "bandwidth_utilisation": util,
+    }
+
+
+def _fold(op: int, n: int) -> int:
+    return op % n if n else 0
+
+
+def _when(pair: np.ndarray) -> tuple[float | None, float | None]:
+    return tuple(None if math.isnan(x) else float(x) for x in pair)  # type: ignore[return-value]
+
+
+def migrations_of(rank_plan: RankPlan) -> list[Migration]:
+    """The plan.json migrations of one rank, sorted by trigger op then priority."""
+    n = rank_plan.problem.num_ops
+    sim = rank_plan.sim
+    out: list[tuple[int, int, Migration]] = []
+    for i, mv in enumerate(rank_plan.moves):
+        wraps = mv.end_op >= n
+        common: dict[str, Any] = {
+            "tensor_id": mv.tensor_id, "size_bytes": mv.size_bytes, "place": mv.target,
+            "wraps": wraps, "period_start_op": mv.start_op, "period_end_op": mv.end_op,
+        }
+        off_start, off_end = _when(sim.offload_us[i])
+        pre_start, pre_end = _when(sim.prefetch_us[i])
+        off_deadline = mv.offload_deadline if mv.offload_deadline >= 0 else mv.prefetch_trigger
+        out.append((_fold(mv.offload_trigger, n), mv.priority, Migration(
+            action="offload", trigger_op=_fold(mv.offload_trigger, n),
+            deadline_op=_fold(off_deadline, n), start_us=off_start, end_us=off_end,
+            urgent=mv.urgent_offload, priority=mv.priority, **common)))
+        out.append((_fold(mv.prefetch_trigger, n), mv.read_priority, Migration(
+            action="prefetch", trigger_op=_fold(mv.prefetch_trigger, n),
+            deadline_op=_fold(mv.prefetch_deadline, n), start_us=pre_start, end_us=pre_end,
+            urgent=mv.urgent_prefetch, priority=mv.read_priority, **common)))
+    out.sort(key=lambda t: (t[0], t[1]))
+    return [m for _, _, m in out]
+
+
+def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
+               comparison: dict[str, Any] | None = None,
+               extra_parameters: dict[str, Any] | None = None) -> Plan:
+    """The plan.json model of ``rank_plans``; ``summary`` is the slowest rank's."""
+    by_rank = {r: summarize(rp, hw) for r, rp in rank_plans.items()}
+    worst = max(by_rank, key=lambda r: by_rank[r]["predicted_iteration_us"])
+    parameters = {
+        "gpu_mem_bytes": hw.gpu_mem_bytes,
+        "ssd_bw_bytes_per_s": hw.ssd_read_bw_bytes_per_s,
+        "ssd_read_bw_bytes_per_s": hw.ssd_read_bw_bytes_per_s,
+        "ssd_write_bw_bytes_per_s": hw.ssd_write_bw_bytes_per_s,
+        "host_bw_bytes_per_s": hw.host_bw_bytes_per_s,
+        "host_mem_bytes": hw.host_mem_bytes,
+        **(extra_parameters or {}),
+    }
+    return Plan(
+        signature=signature, parameters=parameters, summary={"rank": worst, **by_rank[worst]},
+        migrations={r: migrations_of(rp) for r, rp in rank_plans.items()},
+        op_names={r: list(rp.problem.op_names) for r, rp in rank_plans.items()},
+        summary_by_rank=by_rank, comparison=comparison or {},
+    )

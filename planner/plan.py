@@ -1,0 +1,200 @@
+"""plan.json, format ``teraio-plan/1`` (DESIGN.md section 5): the model, writing and reading.
+
+A plan holds, per rank, the migrations sorted by ``trigger_op`` (then
+priority). Each migration is a dict:
+
+- ``tensor_id``, ``size_bytes``;
+- ``action``: ``offload`` (with ``target``) or ``prefetch`` (with ``source``),
+  ``ssd`` or ``host``;
+- ``trigger_op``: the transfer starts before this op;
+- ``deadline_op``: it must be complete before this op (offload: the op from
+  which its memory is counted free; prefetch: the next use of the tensor);
+- ``start_us``, ``end_us``: when the simulator predicts it to start and end,
+  from the start of the iteration in which it is triggered (``end_us`` may pass
+  the iteration's end; ``null`` when the simulated iteration did not run it);
+- ``urgent``: an op waits for it in the simulation; serve it before others;
+- ``priority``: the order in which the planner reserved bandwidth; serving
+  pending transfers of a channel in this order (lower first) reproduces the
+  predicted times;
+- ``wraps``, ``period_start_op``, ``period_end_op``: the inactive period moved.
+
+NOTE [ Op indices in plans ]: every ``trigger_op`` and ``deadline_op`` is an
+op index of one iteration, in ``[0, num_ops)``; the runtime applies the same
+migrations every iteration. A period that spans the iteration boundary has
+``wraps: true`` and ``period_end_op >= num_ops`` (the op ``period_end_op -
+num_ops`` of the next iteration); its events that fall in the next iteration
+are given modulo ``num_ops``: the offload is triggered at ``(period_start_op
++ 1) % num_ops``, and the prefetch's ``trigger_op`` and ``deadline_op`` are ops
+of the iteration after the one that offloaded it (so a prefetch whose tensor
+was not offloaded, as in the first iteration, finds nothing to do). For every
+migration, ``trigger_op`` and ``deadline_op`` lie on the period's ops
+``period_start_op + 1 .. period_end_op`` folded modulo ``num_ops``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlanFormatError
+
+__all__ = ["FORMAT", "Migration", "Plan", "load_plan", "save_plan"]
+
+FORMAT = "teraio-plan/1"
+_ACTIONS = {"offload": "target", "prefetch": "source"}
+_PLACES = ("ssd", "host")
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One planned transfer; see the module docstring for the fields."""
+
+    tensor_id: int
+    size_bytes: int
+    action: str  # "offload" | "prefetch"
+    place: str  # "ssd" | "host": the offload's target or the prefetch's source
+    trigger_op: int
+    deadline_op: int
+    start_us: float | None
+    end_us: float | None
+    urgent: bool
+    priority: int
+    wraps: bool
+    period_start_op: int
+    period_end_op: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tensor_id": self.tensor_id, "size_bytes": self.size_bytes, "action": self.action,
+            _ACTIONS[self.action]: self.place, "trigger_op": self.trigger_op,
+            "deadline_op": self.deadline_op, "start_us": self.start_us, "end_us": self.end_us,
+            "urgent": self.urgent, "priority": self.priority, "wraps": self.wraps,
+            "period_start_op": self.period_start_op, "period_end_op": self.period_end_op,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], num_ops: int | None) -> Migration:
+        action = d["action"]
+        if action not in _ACTIONS:
+            raise ValueError(f"action {action!r}, expected offload or prefetch")
+        place = d[_ACTIONS[action]]
+        if place not in _PLACES:
+            raise ValueError(f"{_ACTIONS[action]} {place!r}, expected ssd or host")
+        m = cls(
+            tensor_id=int(d["tensor_id"]), size_bytes=int(d["size_bytes"]), action=action,
+            place=place, trigger_op=int(d["trigger_op"]), deadline_op=int(d["deadline_op"]),
+            start_us=_opt_float(d.get("start_us")), end_us=_opt_float(d.get("end_us")),
+            urgent=bool(d.get("urgent", False)), priority=int(d.get("priority", 0)),
+            wraps=bool(d.get("wraps", False)), period_start_op=int(d.get("period_start_op", -1)),
+            period_end_op=int(d.get("period_end_op", -1)),
+        )
+        if m.size_bytes < 0:
+            raise ValueError(f"negative size_bytes {m.size_bytes}")
+        for name in ("trigger_op", "deadline_op"):
+            op = getattr(m, name)
+            if op < 0 or (num_ops is not None and op >= num_ops):
+                raise ValueError(f"{name} {op} outside [0, {num_ops})")
+        return m
+
+
+def _opt_float(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole plan: what it was made for, its parameters and summary, per-rank migrations."""
+
+    signature: str
+    parameters: dict[str, Any]
+    summary: dict[str, Any]
+    migrations: dict[int, list[Migration]]
+    op_names: dict[int, list[str]] = field(default_factory=dict)
+    summary_by_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
+    comparison: dict[str, Any] = field(default_factory=dict)
+
+    def num_ops(self, rank: int) -> int | None:
+        names = self.op_names.get(rank)
+        return None if names is None else len(names)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "signature": self.signature,
+            "parameters": self.parameters,
+            "summary": _finite(self.summary),
+            "summary_by_rank": {str(r): _finite(s) for r, s in self.summary_by_rank.items()},
+            "comparison": _finite(self.comparison),
+            "num_ops": {str(r): len(n) for r, n in self.op_names.items()},
+            "op_names": {str(r): n for r, n in self.op_names.items()},
+            "ranks": {str(r): [m.to_dict() for m in ms] for r, ms in self.migrations.items()},
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any, source: object = "plan") -> Plan:
+        """Validate and read a ``teraio-plan/1`` document; ``PlanFormatError`` on any problem."""
+        if not isinstance(doc, dict):
+            raise PlanFormatError(source, "not a JSON object")
+        if doc.get("format") != FORMAT:
+            raise PlanFormatError(source, f"format {doc.get('format')!r}, expected {FORMAT!r}; "
+                                          "make the plan again with `teraio plan`")
+        try:
+            op_names = {int(r): [str(x) for x in n] for r, n in doc.get("op_names", {}).items()}
+            migrations: dict[int, list[Migration]] = {}
+            for r, entries in doc["ranks"].items():
+                rank = int(r)
+                num_ops = len(op_names[rank]) if rank in op_names else None
+                migrations[rank] = []
+                for i, d in enumerate(entries):
+                    try:
+                        migrations[rank].append(Migration.from_dict(d, num_ops))
+                    except (KeyError, TypeError, ValueError) as exc:
+                        raise PlanFormatError(source, f"rank {rank}, migration {i}: {_why(exc)}") from None
+            return cls(
+                signature=str(doc["signature"]), parameters=dict(doc.get("parameters", {})),
+                summary=dict(doc.get("summary", {})), migrations=migrations, op_names=op_names,
+                summary_by_rank={int(r): dict(s) for r, s in doc.get("summary_by_rank", {}).items()},
+                comparison=dict(doc.get("comparison", {})),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PlanFormatError(source, f"malformed plan: {_why(exc)}") from None
+
+
+def _why(exc: BaseException) -> str:
+    return f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def save_plan(plan: Plan, path: str | os.PathLike[str]) -> Path:
+    """Write ``plan`` as JSON, atomically (a temporary file renamed into place)."""
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+    tmp.replace(out)
+    return out
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read and validate plan.json; raises ``PlanFormatError`` naming the problem."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise PlanFormatError(p, "no such plan file; make one with `teraio plan`") from None
+    except (OSError, ValueError) as exc:
+        raise PlanFormatError(p, f"not valid JSON ({exc})") from None
+    return Plan.from_json(doc, p)

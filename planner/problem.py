@@ -1,0 +1,117 @@
+"""The planning problem of one rank, as plain arrays built from a profile.
+
+NOTE [ Unrolled op axis ]: op ``k`` of an iteration of ``num_ops`` ops is also
+op ``k + num_ops`` of the next one. A period that wraps the iteration boundary
+(a persistent tensor idle from its last access to its first access of the next
+iteration) has ``start_op < num_ops <= end_op < 2 * num_ops``; everything the
+planner computes about it (windows, bandwidth, memory) lives on this unrolled
+axis ``[0, 2 * num_ops)`` and is folded back modulo ``num_ops``, because every
+iteration runs the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.errors import InfeasibleBudgetError
+from profiles import Profile, active_bytes, inactive_periods, memory_curve
+
+__all__ = ["PlanProblem", "check_capacity", "cyclic_add", "problem_from_profile", "resident_need_bytes"]
+
+
+@dataclass(frozen=True, eq=False)
+class PlanProblem:
+    """What the planner needs to know about one rank's iteration. Times us, sizes bytes."""
+
+    rank: int
+    signature: str
+    op_names: tuple[str, ...]
+    duration_us: np.ndarray  # (num_ops,) float64
+    memory_bytes: np.ndarray  # (num_ops,) int64: live bytes at each op with nothing moved
+    active_bytes: np.ndarray  # (num_ops,) int64: bytes each op reads or writes
+    phase: np.ndarray  # (num_ops,) object: forward|backward|optimizer|other
+    module: np.ndarray  # (num_ops,) object: dotted module path or None
+    # One row per inactive period; see NOTE [ Unrolled op axis ].
+    tensor_id: np.ndarray  # (num_periods,) int64
+    size_bytes: np.ndarray  # (num_periods,) int64
+    kind: np.ndarray  # (num_periods,) object: the tensor kind (param, activation, ...)
+    start_op: np.ndarray  # (num_periods,) int64: last op that uses it before the gap
+    end_op: np.ndarray  # (num_periods,) int64: next op that uses it; >= num_ops wraps
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.duration_us)
+
+    @property
+    def num_periods(self) -> int:
+        return len(self.tensor_id)
+
+    @property
+    def wraps(self) -> np.ndarray:
+        return self.end_op >= self.num_ops
+
+    @property
+    def ideal_iteration_us(self) -> float:
+        """The iteration with infinite memory: the ops back to back (host gaps left out)."""
+        return float(self.duration_us.sum())
+
+
+def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None = None) -> PlanProblem:
+    """The arrays of one rank's (first recorded, by default) iteration of ``profile``."""
+    kernels = profile.kernels_of(rank, iteration)
+    periods = inactive_periods(profile, rank, iteration)
+    periods = periods[periods["size_bytes"] > 0]
+    return PlanProblem(
+        rank=rank,
+        signature=str(profile.meta.get("signature", "")),
+        op_names=tuple(kernels["op_name"].astype(str)),
+        duration_us=kernels["duration_us"].to_numpy(np.float64).copy(),
+        memory_bytes=memory_curve(profile, rank, iteration).astype(np.int64),
+        active_bytes=active_bytes(profile, rank, iteration).astype(np.int64),
+        phase=kernels["phase"].to_numpy(object),
+        module=kernels["module"].to_numpy(object),
+        tensor_id=periods["tensor_id"].to_numpy(np.int64),
+        size_bytes=periods["size_bytes"].to_numpy(np.int64),
+        kind=periods["kind"].to_numpy(object),
+        start_op=periods["start_op"].to_numpy(np.int64),
+        end_op=periods["end_op"].to_numpy(np.int64),
+    )
+
+
+def cyclic_add(out: np.ndarray, begin: np.ndarray, end: np.ndarray, value: np.ndarray) -> None:
+    """Add ``value`` to ``out[k % n]`` for each unrolled op ``k`` in ``[begin, end)``, vectorised.
+
+    ``out`` has ``n = len(out)`` ops; ``0 <= begin <= end <= begin + n`` and ``end <= 2 * n``.
+    """
+    n = len(out)
+    diff = np.zeros(n + 1, dtype=np.result_type(out.dtype, value.dtype))
+    lo1, hi1 = np.minimum(begin, n), np.minimum(end, n)
+    lo2, hi2 = np.maximum(begin, n) - n, np.maximum(end, n) - n
+    np.add.at(diff, lo1, value)
+    np.add.at(diff, hi1, -value)
+    np.add.at(diff, lo2, value)
+    np.add.at(diff, hi2, -value)
+    out += np.cumsum(diff[:-1]).astype(out.dtype)
+
+
+def resident_need_bytes(problem: PlanProblem) -> np.ndarray:
+    """(num_ops,) int64: bytes that must be resident at each op whatever the plan moves.
+
+    That is the live bytes minus those of tensors idle at that op (strictly
+    inside one of their inactive periods); it includes the op's own inputs and
+    outputs.
+    """
+    idle = np.zeros(problem.num_ops, np.int64)
+    cyclic_add(idle, problem.start_op + 1, problem.end_op, problem.size_bytes)
+    return problem.memory_bytes - idle
+
+
+def check_capacity(problem: PlanProblem, capacity_bytes: int) -> None:
+    """Raise ``InfeasibleBudgetError`` naming the op that needs most if any op cannot fit."""
+    need = resident_need_bytes(problem)
+    if problem.num_ops and need.max() > capacity_bytes:
+        k = int(need.argmax())
+        raise InfeasibleBudgetError(k, problem.op_names[k], int(need[k]),
+                                    int(problem.active_bytes[k]), capacity_bytes)

@@ -1,0 +1,310 @@
+"""The simulator: run the profiled ops in order with a plan's transfers on the channels.
+
+Each op takes its profiled duration. Before op ``k`` the transfers triggered
+at ``k`` start; then the op waits (a *stall*) until (1) every prefetch whose
+deadline is ``k`` is complete, (2) every offload whose deadline is ``k`` is
+complete, and (3) the resident bytes fit the capacity, as long as offloads in
+flight can still make room. Channels move ``bandwidth * elapsed`` bytes, serving
+their pending transfers urgent first, then by plan priority, preemptively
+(NOTE [ Channel model ] in ``planner.channels``); transfers go on during ops
+and stalls alike.
+
+Memory: a tensor's bytes are counted free when its offload completes and
+counted again from the moment its prefetch starts (conservative both ways). A
+prefetch triggered while the offload of that period is still in flight
+cancels it: the storage is kept and the rest of the write is dropped (with its
+host buffer). Host memory is held from an offload's start to the end of its
+prefetch.
+
+The plan repeats every iteration; ``num_iterations`` consecutive iterations
+are simulated from a state where everything is resident, and the last one is
+reported (the steady state, with the previous iteration's wrap-around
+transfers in flight).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.greedy import Move
+from planner.problem import PlanProblem
+
+__all__ = ["SimResult", "simulate"]
+
+_CHANNELS = ("ssd_write", "ssd_read", "host_write", "host_read")
+_TOL = 1e-6  # bytes
+# Per-instance state of a move.
+_IDLE, _OFFLOADING, _OUT, _CANCELLED, _FETCHING, _BACK = range(6)
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """The reported (last simulated) iteration. Times us from its start, sizes bytes."""
+
+    iteration_us: float
+    ideal_iteration_us: float
+    stall_us: float
+    num_stalls: int
+    capacity_bytes: float
+    op_start_us: np.ndarray  # (num_ops,) float64: when each op starts (after its stall)
+    stall_us_before: np.ndarray  # (num_ops,) float64: how long each op waited
+    resident_bytes: np.ndarray  # (num_ops,) int64: device bytes while each op runs
+    host_peak_bytes: int
+    bytes_moved: dict[str, float]  # per channel, during the iteration
+    busy_us: dict[str, float]  # per channel, time spent moving bytes during the iteration
+    waited_offloads: frozenset[int] = field(default_factory=frozenset)  # move indices
+    waited_prefetches: frozenset[int] = field(default_factory=frozenset)
+    # (num_moves, 2) float64: start and end of each move's offload / prefetch in the iteration
+    # they are triggered in (the steady-state occurrence); NaN when it did not run.
+    offload_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    prefetch_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.resident_bytes.max()) if len(self.resident_bytes) else 0
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def slowdown(self) -> float:
+        return self.iteration_us / self.ideal_iteration_us if self.ideal_iteration_us else 1.0
+
+    def utilisation(self, bw_bytes_per_s: dict[str, float]) -> dict[str, float]:
+        """Bytes moved over what each channel could move in the iteration."""
+        t = self.iteration_us * 1e-6
+        return {c: (self.bytes_moved[c] / (bw_bytes_per_s[c] * t) if t > 0 else 0.0) for c in _CHANNELS}
+
+
+class _Sim:
+    def __init__(self, problem: PlanProblem, moves: Sequence[Move], bw: dict[str, float],
+                 capacity_bytes: float, num_iterations: int) -> None:
+        self.p = problem
+        self.moves = moves
+        self.cap = capacity_bytes
+        n = problem.num_ops
+        self.n, self.iters = n, num_iterations
+        nm = len(moves)
+        self.nm = nm
+        self.bw_us = {c: bw[c] * 1e-6 for c in _CHANNELS}  # bytes per us
+        self.heaps: dict[str, list[tuple[tuple[int, int], int]]] = {c: [] for c in _CHANNELS}
+        # Per transfer: id = (instance * nm + move) * 2 + (0 offload | 1 prefetch).
+        total = num_iterations * nm * 2
+        self.remaining = [0.0] * total
+        self.state = [_IDLE] * (num_iterations * nm)
+        self.t_start = [float("nan")] * total
+        self.t_end = [float("nan")] * total
+        self.size = [float(m.size_bytes) for m in moves]
+        self.host = [m.target == "host" for m in moves]
+        self.write_ch = ["host_write" if h else "ssd_write" for h in self.host]
+        self.read_ch = ["host_read" if h else "ssd_read" for h in self.host]
+        self.key_off = [(0 if m.urgent_offload else 1, m.priority) for m in moves]
+        self.key_pre = [(0 if m.urgent_prefetch else 1, m.read_priority) for m in moves]
+        self.offloaded = 0.0
+        self.host_used = 0.0
+        self.host_peak = 0.0
+        self.now = 0.0
+        self.measuring = False
+        self.moved = dict.fromkeys(_CHANNELS, 0.0)
+        self.busy = dict.fromkeys(_CHANNELS, 0.0)
+        self.waited_off: set[int] = set()
+        self.waited_pre: set[int] = set()
+
+    # ---- channels ----------------------------------------------------------------------
+    def _advance(self, dt: float) -> None:
+        """Let every channel work for ``dt`` us from ``now``, then move ``now``."""
+        for c in _CHANNELS:
+            heap = self.heaps[c]
+            if not heap:
+                continue
+            bw, budget, t = self.bw_us[c], dt * self.bw_us[c], self.now
+            used = 0.0
+            while heap and budget > _TOL:
+                tid = heap[0][1]
+                r = self.remaining[tid]
+                if r <= 0.0:  # dropped while queued
+                    heapq.heappop(heap)
+                    continue
+                if r <= budget + _TOL:
+                    heapq.heappop(heap)
+                    budget -= r
+                    used += r
+                    t += r / bw
+                    self.remaining[tid] = 0.0
+                    self._complete(tid, t)
+                else:
+                    self.remaining[tid] = r - budget
+                    used += budget
+                    budget = 0.0
+            if self.measuring:
+                self.moved[c] += used
+                self.busy[c] += used / bw
+        self.now += dt
+
+    def _complete(self, tid: int, t: float) -> None:
+        self.t_end[tid] = t
+        inst, action = divmod(tid, 2)
+        m = inst % self.nm
+        if action == 0:
+            if self.state[inst] == _OFFLOADING:
+                self.state[inst] = _OUT
+                self.offloaded += self.size[m]
+        else:
+            self.state[inst] = _BACK
+            if self.host[m]:
+                self.host_used -= self.size[m]
+
+    def _top(self, channel: str) -> int | None:
+        """The transfer the channel serves now (dropping cancelled ones); None if idle."""
+        heap = self.heaps[channel]
+        while heap and self.remaining[heap[0][1]] <= 0.0:
+            heapq.heappop(heap)
+        return heap[0][1] if heap else None
+
+    def _wait_for(self, tid: int, channel: str) -> float:
+        """Advance until transfer ``tid`` completes; returns the time waited."""
+        t0 = self.now
+        while self.remaining[tid] > 0 and (top := self._top(channel)) is not None:
+            self._advance(self.remaining[top] / self.bw_us[channel])
+        return self.now - t0
+
+    # ---- events ------------------------------------------------------------------------
+    def _start_offload(self, inst: int) -> None:
+        m = inst % self.nm
+        tid = inst * 2
+        self.state[inst] = _OFFLOADING
+        self.remaining[tid] = self.size[m]
+        self.t_start[tid] = self.now
+        heapq.heappush(self.heaps[self.write_ch[m]], (self.key_off[m], tid))
+        if self.host[m]:
+            self.host_used += self.size[m]
+            self.host_peak = max(self.host_peak, self.host_used)
+
+    def _start_prefetch(self, inst: int) -> None:
+        m = inst % self.nm
+        st = self.state[inst]
+        if st == _OFFLOADING:
+            self.state[inst] = _CANCELLED
+            tid = inst * 2
+            self.remaining[tid] = 0.0  # drop the rest of the write: the tensor stays
+            self.t_end[tid] = self.now
+            if self.host[m]:
+                self.host_used -= self.size[m]
+            return
+        if st != _OUT:
+            return  # never offloaded (the first iteration's wrap-around prefetches)
+        tid = inst * 2 + 1
+        self.state[inst] = _FETCHING
+        self.offloaded -= self.size[m]
+        self.remaining[tid] = self.size[m]
+        self.t_start[tid] = self.now
+        heapq.heappush(self.heaps[self.read_ch[m]], (self.key_pre[m], tid))
+
+    def _schedule(self) -> tuple[list[list[int]], list[list[int]], list[list[int]], list[list[int]]]:
+        """Per global op: offload and prefetch starts, offload and prefetch deadlines (instance ids)."""
+        n, nm, total = self.n, self.nm, self.n * self.iters
+        lists: list[list[list[int]]] = [[[] for _ in range(total)] for _ in range(4)]
+        if not nm:
+            return lists[0], lists[1], lists[2], lists[3]
+        cols = [
+            np.array([m.offload_trigger for m in self.moves]),
+            np.array([m.prefetch_trigger for m in self.moves]),
+            np.array([m.offload_deadline for m in self.moves]),
+            np.array([m.prefetch_deadline for m in self.moves]),
+        ]
+        for out, col in zip(lists, cols, strict=True):
+            for it in range(self.iters):
+                g = col + it * n
+                ok = (col >= 0) & (g < total)
+                for gi, m in zip(g[ok].tolist(), np.flatnonzero(ok).tolist(), strict=True):
+                    out[gi].append(it * nm + m)
+        return lists[0], lists[1], lists[2], lists[3]
+
+    def run(self) -> SimResult:
+        p, n = self.p, self.n
+        starts_off, starts_pre, due_off, due_pre = self._schedule()
+        dur = p.duration_us.tolist()
+        mem = p.memory_bytes.tolist()
+        op_start = np.zeros(n)
+        stall = np.zeros(n)
+        resident = np.zeros(n, np.int64)
+        t_iter = 0.0
+        for g in range(n * self.iters):
+            k = g % n
+            if k == 0:
+                t_iter = self.now
+                self.measuring = g == n * (self.iters - 1)
+                self.host_peak = self.host_used
+            for inst in starts_off[g]:
+                self._start_offload(inst)
+            for inst in starts_pre[g]:
+                self._start_prefetch(inst)
+            waited = 0.0
+            for inst in due_pre[g]:
+                if self.state[inst] == _FETCHING and self.remaining[inst * 2 + 1] > 0:
+                    m = inst % self.nm
+                    waited += self._wait_for(inst * 2 + 1, self.read_ch[m])
+                    if self.measuring:
+                        self.waited_pre.add(m)
+            for inst in due_off[g]:
+                if self.state[inst] == _OFFLOADING:
+                    m = inst % self.nm
+                    waited += self._wait_for(inst * 2, self.write_ch[m])
+                    if self.measuring:
+                        self.waited_off.add(m)
+            while mem[k] - self.offloaded > self.cap + _TOL:
+                pending = [(self.remaining[top] / self.bw_us[c], top)
+                           for c in ("ssd_write", "host_write") if (top := self._top(c)) is not None]
+                if not pending:
+                    break
+                dt, tid = min(pending)
+                self._advance(dt)
+                waited += dt
+                if self.measuring:
+                    self.waited_off.add((tid // 2) % self.nm)
+            if self.measuring:
+                stall[k] = waited
+                op_start[k] = self.now - t_iter
+                resident[k] = int(round(mem[k] - self.offloaded))
+            self._advance(dur[k])
+        iteration_us = self.now - t_iter
+        return SimResult(
+            iteration_us=iteration_us, ideal_iteration_us=p.ideal_iteration_us,
+            stall_us=float(stall.sum()), num_stalls=int(np.count_nonzero(stall > 0)),
+            capacity_bytes=self.cap, op_start_us=op_start, stall_us_before=stall,
+            resident_bytes=resident, host_peak_bytes=int(self.host_peak),
+            bytes_moved=dict(self.moved), busy_us=dict(self.busy),
+            waited_offloads=frozenset(self.waited_off), waited_prefetches=frozenset(self.waited_pre),
+            offload_us=self._times(0, t_iter), prefetch_us=self._times(1, t_iter),
+        )
+
+    def _times(self, action: int, t_iter: float) -> np.ndarray:
+        """Start/end of each move's transfer in the iteration it is triggered in (the last one)."""
+        n, nm = self.n, self.nm
+        out = np.full((nm, 2), np.nan)
+        last = self.iters - 1
+        for m, mv in enumerate(self.moves):
+            trig = mv.offload_trigger if action == 0 else mv.prefetch_trigger
+            inst = last - trig // n  # the instance whose trigger falls in the last iteration
+            if inst < 0:
+                continue
+            tid = (inst * nm + m) * 2 + action
+            out[m] = (self.t_start[tid] - t_iter, self.t_end[tid] - t_iter)
+        return out
+
+
+def simulate(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
+             capacity_bytes: float, num_iterations: int = 2) -> SimResult:
+    """Simulate ``moves`` on ``problem``'s ops; see the module docstring for the model.
+
+    ``bw_bytes_per_s`` has the channels ``ssd_write, ssd_read, host_write,
+    host_read``; ``capacity_bytes`` may be ``inf`` (nothing waits for memory).
+    """
+    if num_iterations < 1:
+        raise ValueError("num_iterations must be at least 1")
+    return _Sim(problem, moves, bw_bytes_per_s, capacity_bytes, num_iterations).run()

@@ -1,0 +1,165 @@
+"""`teraio plan`: build the offload/prefetch plan of a profile and predict what it costs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from teraio.console import fail, info
+
+__all__ = ["hardware_from_options", "load_profile", "plan"]
+
+_SIZE_HELP = "K/M/G/T are binary (powers of 1024); a plain number is bytes."
+PROFILE_ARG = typer.Argument(
+    help="A profile directory written by `teraio profile`. Default: the newest under ./profiles/.",
+    show_default=False,
+)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB" if abs(n) < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
+def load_profile(path: Path | None) -> Any:
+    """The profile at ``path`` or the newest under ./profiles/; exits 2 with a message if bad."""
+    from profiles import ProfileFormatError, find_newest_profile, read_profile
+
+    try:
+        return read_profile(path if path is not None else find_newest_profile("profiles"))
+    except ProfileFormatError as exc:
+        fail(str(exc))
+
+
+def hardware_from_options(profile: Any, gpu_mem: str | None, ssd_bw: str, ssd_read_bw: str | None,
+                          ssd_write_bw: str | None, host_mem: str, host_bw: str) -> Any:
+    """A ``planner.Hardware`` from the command-line strings; exits 2 naming a bad value."""
+    from planner import Hardware
+    from teraio.units import parse_bandwidth, parse_size
+
+    def parse(option: str, fn: Any, text: str, **kw: Any) -> Any:
+        try:
+            return fn(text, **kw)
+        except ValueError as exc:
+            fail(f"{option}: {exc}")
+
+    if gpu_mem is None:
+        known = profile.meta.get("device_memory_bytes")
+        if not known:
+            fail("--gpu-mem is required: the profile does not record the device's memory (e.g. --gpu-mem 80G)")
+        gpu_bytes = int(known)
+    else:
+        gpu_bytes = parse("--gpu-mem", parse_size, gpu_mem)
+    ssd = parse("--ssd-bw", parse_bandwidth, ssd_bw)
+    return Hardware(
+        gpu_mem_bytes=gpu_bytes,
+        ssd_read_bw_bytes_per_s=parse("--ssd-read-bw", parse_bandwidth, ssd_read_bw) if ssd_read_bw else ssd,
+        ssd_write_bw_bytes_per_s=parse("--ssd-write-bw", parse_bandwidth, ssd_write_bw) if ssd_write_bw else ssd,
+        host_bw_bytes_per_s=parse("--host-bw", parse_bandwidth, host_bw),
+        host_mem_bytes=parse("--host-mem", parse_size, host_mem, allow_zero=True),
+    )
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
+                   comparison: dict[str, dict[str, Any]]) -> None:
+    fits = "fits" if s["fits"] else "DOES NOT FIT"
+    print(f"profile     {profile_path}: {s['num_ops']:,} ops, {s['num_inactive_periods']:,} inactive periods"
+          f" (rank {s['rank']})")
+    print(f"memory      peak {_mib(s['peak_before_bytes'])} before, {_mib(s['peak_after_bytes'])} after, "
+          f"capacity {_mib(s['gpu_mem_bytes'])} ({fits})")
+    print(f"time        {s['predicted_iteration_us'] / 1e3:,.2f} ms per iteration predicted, ideal "
+          f"{s['ideal_iteration_us'] / 1e3:,.2f} ms ({s['slowdown']:.3f}x); stalls "
+          f"{s['stall_us'] / 1e3:,.2f} ms before {s['num_stalled_ops']:,} ops")
+    print(f"moved       {_mib(s['bytes_to_ssd'])} to SSD, {_mib(s['bytes_to_host'])} to host per iteration; "
+          f"{s['num_migrations']:,} migrations ({s['num_urgent']:,} urgent)")
+    u = s["bandwidth_utilisation"]
+    print(f"bandwidth   SSD write {_pct(u['ssd_write'])}, SSD read {_pct(u['ssd_read'])}, "
+          f"host write {_pct(u['host_write'])}, host read {_pct(u['host_read'])} of the iteration")
+    if comparison:
+        print("compared    policy                 iteration   vs ideal   peak          fits")
+        for name, c in comparison.items():
+            print(f"            {name:<22} {c['iteration_us'] / 1e3:>8,.2f} ms {c['slowdown']:>8.3f}x   "
+                  f"{_mib(c['peak_bytes']):<13} {'yes' if c['fits'] else 'no'}")
+    print(f"plan        written to {out}")
+
+
+def compare_policies(profile: Any, problem: Any, hw: Any, rank_plan: Any, rank: int) -> dict[str, dict[str, Any]]:
+    """Planner and baselines side by side, as plain data."""
+    from planner.baselines import run_baselines
+
+    rows = {"planner": rank_plan, **run_baselines(profile, problem, hw, rank)}
+    return {
+        name: {"iteration_us": rp.sim.iteration_us, "slowdown": rp.sim.slowdown,
+               "peak_bytes": rp.sim.peak_bytes, "fits": rp.sim.fits, "stall_us": rp.sim.stall_us,
+               "bytes_moved": int(sum(m.size_bytes for m in rp.moves))}
+        for name, rp in rows.items()
+    }
+
+
+def plan(
+    profile: Annotated[Path | None, PROFILE_ARG] = None,
+    gpu_mem: Annotated[str | None, typer.Option(
+        help=f"Device memory to fit in, e.g. 80G. {_SIZE_HELP} Default: the profiled device's.",
+        show_default=False)] = None,
+    ssd_bw: Annotated[str, typer.Option(help="SSD bandwidth each way in GB/s (1e9 bytes/s).")] = "16",
+    ssd_read_bw: Annotated[str | None, typer.Option(
+        help="SSD read (prefetch) bandwidth in GB/s, when it differs from --ssd-bw.", show_default=False)] = None,
+    ssd_write_bw: Annotated[str | None, typer.Option(
+        help="SSD write (offload) bandwidth in GB/s, when it differs from --ssd-bw.", show_default=False)] = None,
+    host_mem: Annotated[str, typer.Option(
+        help=f"Host memory the plan may use for offloaded tensors; 0 keeps all on the SSD. {_SIZE_HELP}")] = "0",
+    host_bw: Annotated[str, typer.Option(help="Host link bandwidth each way in GB/s (1e9 bytes/s).")] = "25",
+    out: Annotated[Path, typer.Option(help="Where to write the plan (JSON).")] = Path("plan.json"),
+    trace: Annotated[Path | None, typer.Option(
+        help="Also write the simulated iteration as a Chrome trace (open it in Perfetto).",
+        show_default=False)] = None,
+    compare: Annotated[bool, typer.Option(
+        help="Simulate the baselines (keep, activation offload, ZeRO-Offload) side by side.")] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Plan which tensors go to SSD or host memory and when, and predict the cost.
+
+    Prints peak memory before and after against the capacity, the predicted
+    iteration time against the ideal (infinite memory) time, stalls, bytes
+    moved and bandwidth use, and writes the plan (format teraio-plan/1).
+    Exit codes: 0 done, 2 bad input (options, profile, a capacity no plan can
+    meet).
+    """
+    from planner import InfeasibleBudgetError, build_plan, plan_rank, problem_from_profile, save_plan
+
+    prof = load_profile(profile)
+    hw = hardware_from_options(prof, gpu_mem, ssd_bw, ssd_read_bw, ssd_write_bw, host_mem, host_bw)
+    rank_plans = {}
+    comparison: dict[str, Any] = {}
+    for rank in prof.ranks:
+        problem = problem_from_profile(prof, rank)
+        info(f"planning rank {rank}: {problem.num_ops:,} ops, {problem.num_periods:,} inactive periods")
+        try:
+            rank_plans[rank] = plan_rank(problem, hw)
+        except InfeasibleBudgetError as exc:
+            fail(f"rank {rank}: {exc}")
+        if compare and rank == prof.ranks[0]:
+            comparison = compare_policies(prof, problem, hw, rank_plans[rank], rank)
+    doc = build_plan(rank_plans, hw, prof.signature, comparison=comparison,
+                     extra_parameters={"profile": str(prof.path)})
+    try:
+        save_plan(doc, out)
+        if trace is not None:
+            from planner.trace import chrome_trace
+
+            first = rank_plans[prof.ranks[0]]
+            trace.write_text(json.dumps(chrome_trace(first)) + "\n")
+            info(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
+    except OSError as exc:
+        fail(f"cannot write {exc.filename}: {exc.strerror}")
+    if json_out:
+        print(json.dumps({"summary": doc.to_json()["summary"], "comparison": doc.to_json()["comparison"],
+                          "plan": str(out)}, indent=2))
+    else:
+        _print_summary(doc.summary, prof.path, out, comparison)

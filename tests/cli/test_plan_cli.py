@@ -1,0 +1,128 @@
+"""`teraio plan` and `teraio roofline` as a user runs them (real subprocesses), and units."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner import load_plan
+from profiles import write_profile
+from profiles.synthetic import synthetic_profile
+from teraio.units import parse_bandwidth, parse_size
+from tests.conftest import run_teraio
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    write_profile(synthetic_profile(4, 6, 3, seed=2), root / "profiles" / "p1")
+    return root
+
+
+def test_plan_writes_plan_and_prints_summary(synth: Path) -> None:
+    out = synth / "plan.json"
+    trace = synth / "plan.trace.json"
+    r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", "--ssd-bw", "16",
+                   "--out", out, "--trace", trace)
+    assert r.returncode == 0, r.stderr
+    for word in ("peak", "capacity", "ideal", "stalls", "to SSD", "bandwidth", "activation_offload"):
+        assert word in r.stdout
+    plan = load_plan(out)
+    assert plan.summary["peak_after_bytes"] <= 1.5 * 2**30
+    assert plan.parameters["gpu_mem_bytes"] == int(1.5 * 2**30)
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" for e in events) and any(e.get("ph") == "b" for e in events)
+
+
+def test_plan_defaults_to_newest_profile_and_plan_json(synth: Path) -> None:
+    r = run_teraio("plan", "--gpu-mem", "1536M", "--ssd-read-bw", "32", "--ssd-write-bw", "8",
+                   "--host-mem", "1G", "--no-compare", "--json", cwd=synth)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)["summary"]
+    assert summary["peak_after_bytes"] <= 1536 * 2**20
+    plan = load_plan(synth / "plan.json")
+    assert plan.parameters["ssd_read_bw_bytes_per_s"] == 32e9
+    assert plan.parameters["ssd_write_bw_bytes_per_s"] == 8e9
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--gpu-mem", "80Q"], "--gpu-mem: bad size '80Q'"),
+    (["--gpu-mem", "80G", "--ssd-bw", "fast"], "--ssd-bw: bad bandwidth 'fast'"),
+    (["--gpu-mem", "80G", "--ssd-bw", "-1"], "--ssd-bw: bad bandwidth '-1'"),
+    (["--gpu-mem", "80G", "--host-mem", "lots"], "--host-mem: bad size 'lots'"),
+    (["--gpu-mem", "1M"], "needs"),
+])
+def test_plan_bad_input_is_one_line_and_exit_2(synth: Path, args: list[str], message: str) -> None:
+    r = run_teraio("plan", synth / "profiles" / "p1", "--out", synth / "x.json", *args)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_capacity_error_names_the_op_and_bytes(synth: Path) -> None:
+    r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1M", "--out", synth / "x.json")
+    assert r.returncode == 2
+    line = r.stderr.strip().splitlines()[-1]
+    assert "op " in line and "bytes" in line and "capacity 1,048,576 bytes" in line
+
+
+def test_plan_without_a_profile_says_how_to_make_one(tmp_path: Path) -> None:
+    r = run_teraio("plan", "--gpu-mem", "80G", cwd=tmp_path)
+    assert r.returncode == 2 and "teraio profile" in r.stderr
+
+
+def test_help_states_units() -> None:
+    r = run_teraio("plan", "--help")
+    assert r.returncode == 0
+    assert "powers of 1024" in r.stdout and "GB/s" in r.stdout
+
+
+def test_roofline_table(synth: Path) -> None:
+    r = run_teraio("roofline", synth / "profiles" / "p1", "--gpu-mem", "1.5G", "--bw", "4,64", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["bw_gb_per_s"] for row in rows] == [4, 64]
+    assert all(row["ideal"] == 1.0 for row in rows)
+    assert rows[1]["planner"] >= rows[0]["planner"] > 0
+
+
+def test_roofline_plot(synth: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = synth / "roof.png"
+    r = run_teraio("roofline", synth / "profiles" / "p1", "--gpu-mem", "1.5G", "--bw", "8,32", "--plot", png)
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_roofline_bad_bandwidth_list(synth: Path) -> None:
+    r = run_teraio("roofline", synth / "profiles" / "p1", "--gpu-mem", "1G", "--bw", "4,x")
+    assert r.returncode == 2 and "--bw: bad bandwidth 'x'" in r.stderr
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("80G", 80 << 30), ("1.5T", int(1.5 * (1 << 40))), ("4096", 4096), ("512M", 512 << 20), ("2KiB", 2048),
+])
+def test_parse_size(text: str, value: int) -> None:
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "80Q", "-1G", "G", "1e3", "nan"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="bad size"):
+        parse_size(text)
+
+
+def test_parse_size_zero_only_when_allowed() -> None:
+    assert parse_size("0", allow_zero=True) == 0
+    with pytest.raises(ValueError, match="must be positive"):
+        parse_size("0")
+
+
+def test_parse_bandwidth() -> None:
+    assert parse_bandwidth("16") == 16e9
+    assert parse_bandwidth("12.5GB/s") == 12.5e9
+    for bad in ("0", "-3", "x", "inf", "nan"):
+        with pytest.raises(ValueError, match="bad bandwidth"):
+            parse_bandwidth(bad)

@@ -1,0 +1,110 @@
+"""The greedy planner on hand-built profiles, the capacity error, and lazy == eager."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pytest
+
+from planner import Hardware, InfeasibleBudgetError, plan_greedy, plan_rank, problem_from_profile
+from planner.greedy import _Planner, quantize
+from profiles.synthetic import synthetic_profile
+from tests.planner.helpers import make_profile
+
+GB = 1e9
+
+
+def two_tensor_profile():
+    """Ten 100 us ops. A (100 B, persistent) idle over ops 1-8; B (100 B, alive over ops 2-6)
+    idle over ops 3-5; C (10 B) used by every op. Memory: 110 B, 210 B over ops 2-6."""
+    accesses = [(0, 0), (9, 0), (2, 1), (6, 1)] + [(k, 2) for k in range(10)]
+    return make_profile([100.0] * 10, [{"tensor_id": 0, "size_bytes": 100},
+                                       {"tensor_id": 1, "size_bytes": 100, "persistent": False,
+                                        "alloc_op": 2, "free_op": 7},
+                                       {"tensor_id": 2, "size_bytes": 10}], accesses)
+
+
+def hw(capacity: int, bw: float = 1e7, host: int = 0) -> Hardware:
+    # 1e7 B/s moves 1000 B per 100 us op: transfers of 100 B take a tenth of an op.
+    return Hardware(gpu_mem_bytes=capacity, ssd_read_bw_bytes_per_s=bw, ssd_write_bw_bytes_per_s=bw,
+                    host_bw_bytes_per_s=bw, host_mem_bytes=host)
+
+
+def test_nothing_moves_when_memory_fits() -> None:
+    problem = problem_from_profile(two_tensor_profile())
+    assert plan_greedy(problem, hw(210)) == []
+
+
+def test_offloads_the_longest_idle_tensor_first() -> None:
+    problem = problem_from_profile(two_tensor_profile())
+    moves = plan_greedy(problem, hw(150))
+    assert [m.tensor_id for m in moves] == [0]  # A covers the whole over-capacity stretch
+    m = moves[0]
+    assert (m.offload_trigger, m.offload_deadline, m.prefetch_trigger, m.prefetch_deadline) == (1, 2, 8, 9)
+    result = plan_rank(problem, hw(150))
+    assert result.sim.fits and result.sim.stall_us == 0
+    assert result.sim.iteration_us == pytest.approx(1000.0)
+
+
+def test_capacity_below_one_op_names_the_op_and_bytes() -> None:
+    problem = problem_from_profile(two_tensor_profile())
+    # Op 0 uses A (100) and C (10): 110 bytes must be resident.
+    with pytest.raises(InfeasibleBudgetError) as err:
+        plan_greedy(problem, hw(105))
+    assert err.value.op_index == 0 and err.value.op_name == "op0"
+    assert err.value.need_bytes == 110
+    assert "op 0 (op0) needs 110 bytes" in str(err.value) and "105 bytes" in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_slow_bandwidth_plans_stalls_that_become_urgent() -> None:
+    problem = problem_from_profile(two_tensor_profile())
+    result = plan_rank(problem, hw(150, bw=1e5))  # 10 B per op: a 100 B transfer takes 10 ops
+    assert result.sim.fits
+    assert result.sim.stall_us > 0
+    assert any(m.urgent_offload or m.urgent_prefetch for m in result.moves)
+
+
+def test_host_memory_is_used_when_the_ssd_is_too_slow() -> None:
+    problem = problem_from_profile(two_tensor_profile())
+    slow_ssd = Hardware(gpu_mem_bytes=150, ssd_read_bw_bytes_per_s=1e4, ssd_write_bw_bytes_per_s=1e4,
+                        host_bw_bytes_per_s=1e7, host_mem_bytes=1000)
+    moves = plan_greedy(problem, slow_ssd)
+    assert [m.target for m in moves] == ["host"]
+
+
+def _eager_ssd_choices(planner: _Planner) -> list[int]:
+    """Algorithm 1 as written: re-score every candidate each round (SSD only)."""
+    p = planner.p
+    bw = planner.hw.channel_bw()
+    per_byte = 1 / bw["ssd_write"] + 1 / bw["ssd_read"]
+    chosen = []
+    while planner.num_over > 0:
+        best: list[tuple[float, float, int]] = []
+        for i in np.flatnonzero(~planner.selected & (p.end_op - p.start_op >= 4)).tolist():
+            first, start = planner._window(i, "ssd")
+            if start <= first:
+                continue
+            size = float(p.size_bytes[i])
+            score = quantize(planner._benefit(first, start, size) / (size * per_byte))
+            if score > 0:
+                heapq.heappush(best, (-score, -size, i))
+        if not best:
+            break
+        _, _, i = best[0]
+        planner._accept(i, "ssd", *planner._window(i, "ssd"))
+        chosen.append(i)
+    return chosen
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lazy_queue_makes_the_same_choices_as_rescoring_everything(seed: int) -> None:
+    problem = problem_from_profile(synthetic_profile(3, 4, 2, num_extra=3, seed=seed))
+    peak = int(problem.memory_bytes.max())
+    rng = np.random.default_rng(seed)
+    h = hw(int(peak * rng.uniform(0.6, 0.95)), bw=rng.uniform(4, 64) * GB)
+    lazy = _Planner(problem, h)
+    lazy.greedy_stage("ssd", tolerance=0.0)
+    eager = _Planner(problem, h)
+    assert [m.period for m in lazy.moves] == _eager_ssd_choices(eager)

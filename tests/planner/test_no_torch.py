@@ -1,0 +1,16 @@
+"""planner/ must plan without torch: importing it (and the synthetic profiles) loads no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_import_planner_does_not_load_torch() -> None:
+    code = ("import sys, planner, planner.baselines, planner.trace, profiles.synthetic; "
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"

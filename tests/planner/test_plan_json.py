@@ -1,0 +1,88 @@
+"""plan.json: round trip, the op-index rules for wrap-around periods, validation errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from planner import Hardware, PlanFormatError, build_plan, load_plan, plan_rank, problem_from_profile, save_plan
+from planner.plan import Plan
+from profiles.synthetic import synthetic_profile
+
+
+@pytest.fixture(scope="module")
+def plan_doc() -> tuple[Plan, int]:
+    prof = synthetic_profile(4, 6, 3, num_extra=2, seed=3)
+    problem = problem_from_profile(prof)
+    hw = Hardware(gpu_mem_bytes=int(problem.memory_bytes.max() * 0.6), ssd_read_bw_bytes_per_s=32e9,
+                  ssd_write_bw_bytes_per_s=32e9, host_mem_bytes=1 << 30)
+    return build_plan({0: plan_rank(problem, hw)}, hw, prof.signature), problem.num_ops
+
+
+def test_round_trip(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
+    plan, _ = plan_doc
+    path = save_plan(plan, tmp_path / "plan.json")
+    back = load_plan(path)
+    assert back == plan
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "teraio-plan/1"
+    assert set(doc) >= {"signature", "parameters", "summary", "ranks", "op_names", "num_ops"}
+    assert set(doc["summary"]) >= {"peak_before_bytes", "peak_after_bytes", "predicted_iteration_us",
+                                   "ideal_iteration_us", "stall_us", "bytes_to_ssd", "bytes_to_host"}
+    m = doc["ranks"]["0"][0]
+    assert set(m) >= {"tensor_id", "size_bytes", "action", "trigger_op", "deadline_op", "start_us",
+                      "end_us", "urgent", "wraps"}
+    assert ("target" in m) == (m["action"] == "offload") and ("source" in m) == (m["action"] == "prefetch")
+
+
+def test_migrations_sorted_by_trigger_with_ops_folded_into_the_iteration(plan_doc: tuple[Plan, int]) -> None:
+    plan, n = plan_doc
+    ms = plan.migrations[0]
+    assert ms, "the fixture must plan something"
+    assert [m.trigger_op for m in ms] == sorted(m.trigger_op for m in ms)
+    assert any(m.wraps for m in ms), "the fixture must move a wrap-around period"
+    for m in ms:
+        assert 0 <= m.trigger_op < n and 0 <= m.deadline_op < n
+        span = {k % n for k in range(m.period_start_op + 1, m.period_end_op + 1)}
+        assert m.trigger_op in span and m.deadline_op in span
+        assert m.wraps == (m.period_end_op >= n)
+        if m.action == "prefetch":
+            assert m.deadline_op == m.period_end_op % n
+        else:
+            assert m.trigger_op == (m.period_start_op + 1) % n
+
+
+def test_runtime_loader_reads_it(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
+    pytest.importorskip("torch")
+    from runtime.api import load_run_plan
+
+    plan, n = plan_doc
+    run_plan = load_run_plan(save_plan(plan, tmp_path / "plan.json"))
+    assert len(run_plan.moves) == len(plan.migrations[0])
+    assert run_plan.op_names is not None and len(run_plan.op_names) == n
+
+
+@pytest.mark.parametrize(("doc", "problem"), [
+    ("[]", "not a JSON object"),
+    ('{"format": "teraio-plan/0"}', "format 'teraio-plan/0'"),
+    ('{"format": "teraio-plan/1", "signature": "x"}', "missing field 'ranks'"),
+    ('{"format": "teraio-plan/1", "signature": "x", "ranks": {"0": [{"tensor_id": 1, "size_bytes": 4, '
+     '"action": "evict", "target": "ssd", "trigger_op": 0, "deadline_op": 1}]}}', "action 'evict'"),
+    ('{"format": "teraio-plan/1", "signature": "x", "op_names": {"0": ["a", "b"]}, "ranks": {"0": '
+     '[{"tensor_id": 1, "size_bytes": 4, "action": "offload", "target": "ssd", "trigger_op": 5, '
+     '"deadline_op": 1}]}}', "trigger_op 5 outside [0, 2)"),
+    ("{not json", "not valid JSON"),
+])
+def test_bad_plans_get_clear_errors(tmp_path: Path, doc: str, problem: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(doc)
+    with pytest.raises(PlanFormatError, match=re.escape(problem)):
+        load_plan(path)
+
+
+def test_missing_plan_file(tmp_path: Path) -> None:
+    with pytest.raises(PlanFormatError, match="no such plan file"):
+        load_plan(tmp_path / "nope.json")
