@@ -9,9 +9,9 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from teraio.console import fail
+from teraio.console import fail, info
 
-__all__ = ["inspect", "summarize"]
+__all__ = ["bandwidth_for", "characterize", "inspect", "roofline_rows", "summarize"]
 
 # Size classes of the inactive-period distribution (the Teraio paper's Figure 2 uses 10 MB-1 GB).
 _SIZE_BINS = [0, 1 << 20, 10 << 20, 100 << 20, 1 << 30, 1 << 62]
@@ -61,6 +61,7 @@ def summarize(profile: Any, rank: int = 0) -> dict[str, Any]:
         for r in largest.itertuples()
     ]
     mid = periods[(periods["size_bytes"] >= 10 * 10**6) & (periods["size_bytes"] < 10**9)]
+    capacity = profile.meta.get("device_memory_bytes")
     return {
         "profile": str(profile.path),
         "mode": profile.meta.get("mode"),
@@ -82,7 +83,75 @@ def summarize(profile: Any, rank: int = 0) -> dict[str, Any]:
         "share_10MB_1GB_inactive_over_10ms": float((mid["duration_us"] > 10_000).mean())
         if len(mid) else None,
         "largest_tensors": top,
+        **characterize(profile, rank, capacity),
     }
+
+
+def characterize(profile: Any, rank: int = 0, capacity_bytes: int | None = None) -> dict[str, Any]:
+    """The Teraio paper's Figure 1 and 2 numbers, as plain data.
+
+    Figure 1: active bytes per op (what the op reads or writes) against the
+    device's capacity (the paper's denominator) and against the bytes alive at
+    that op. Figure 2: for tensors of 10 MB to 1 GB (decimal, as the paper), the
+    share whose longest inactive period exceeds 10 ms (the paper's reading: over
+    40%), and the same over all their inactive periods.
+    """
+    from profiles import active_bytes, inactive_periods, memory_curve
+
+    act = active_bytes(profile, rank)
+    mem = memory_curve(profile, rank)
+    out: dict[str, Any] = {"device_memory_bytes": capacity_bytes}
+    if capacity_bytes and len(act):
+        out["active_of_capacity_mean"] = float(act.mean() / capacity_bytes)
+        out["active_of_capacity_max"] = float(act.max() / capacity_bytes)
+        out["live_of_capacity_max"] = float(mem.max() / capacity_bytes)
+    else:
+        out["active_of_capacity_mean"] = out["active_of_capacity_max"] = None
+        out["live_of_capacity_max"] = None
+    periods = inactive_periods(profile, rank)
+    tensors = profile.tensors_of(rank)
+    in_band = tensors[(tensors["size_bytes"] >= 10 * 10**6) & (tensors["size_bytes"] < 10**9)]
+    longest = periods.groupby("tensor_id")["duration_us"].max() if len(periods) else None
+    if len(in_band):
+        idle = longest.reindex(in_band["tensor_id"]).fillna(0.0) if longest is not None else None
+        out["num_tensors_10MB_1GB"] = len(in_band)
+        out["share_10MB_1GB_tensors_idle_over_10ms"] = (
+            float((idle > 10_000).mean()) if idle is not None else 0.0)
+    else:
+        out["num_tensors_10MB_1GB"] = 0
+        out["share_10MB_1GB_tensors_idle_over_10ms"] = None
+    return out
+
+
+def roofline_rows(profile: Any, rank: int, capacity_bytes: int, bandwidths_gb_per_s: list[float],
+                  host_mem_bytes: int = 0) -> list[dict[str, Any]]:
+    """The paper's Figure 3: per SSD bandwidth (GB/s each way), each policy's throughput over
+    ideal (infinite memory); 0.0 where the policy does not fit, None where no plan exists."""
+    from planner import Hardware, InfeasibleBudgetError, plan_rank, problem_from_profile
+    from planner.baselines import run_baselines
+
+    problem = problem_from_profile(profile, rank)
+    rows = []
+    for bw in bandwidths_gb_per_s:
+        hw = Hardware(gpu_mem_bytes=capacity_bytes, ssd_read_bw_bytes_per_s=bw * 1e9,
+                      ssd_write_bw_bytes_per_s=bw * 1e9, host_mem_bytes=host_mem_bytes)
+        row: dict[str, Any] = {"bw_gb_per_s": bw}
+        try:
+            policies = {"planner": plan_rank(problem, hw)}
+        except InfeasibleBudgetError:
+            policies = {}
+            row["planner"] = None
+        policies.update(run_baselines(profile, problem, hw, rank))
+        for name, rp in policies.items():
+            row[name] = round(1 / rp.sim.slowdown, 4) if rp.sim.fits else 0.0
+        rows.append(row)
+    return rows
+
+
+def bandwidth_for(rows: list[dict[str, Any]], fraction: float, policy: str = "planner") -> float | None:
+    """The smallest bandwidth in ``rows`` at which ``policy`` reaches ``fraction`` of ideal."""
+    ok = [r["bw_gb_per_s"] for r in rows if (r.get(policy) or 0.0) >= fraction]
+    return min(ok) if ok else None
 
 
 def _print(s: dict[str, Any]) -> None:
@@ -99,6 +168,28 @@ def _print(s: dict[str, Any]) -> None:
     print(f"  {'size':<14}" + "".join(f"{label:>11}" for label in _TIME_LABELS))
     for size, row in s["inactive_periods_by_size"].items():
         print(f"  {size:<14}" + "".join(f"{row[t]:>11,}" for t in _TIME_LABELS))
+    cap = s["device_memory_bytes"]
+    if cap:
+        print(f"Figure 1       active bytes per op: mean {s['active_of_capacity_mean']:.2%}, max "
+              f"{s['active_of_capacity_max']:.2%} of the device's {_mib(cap)}; everything alive: up to "
+              f"{s['live_of_capacity_max']:.0%} of it")
+    else:
+        print("Figure 1       device capacity unknown (real CPU profile): see 'active bytes' above")
+    share = s["share_10MB_1GB_tensors_idle_over_10ms"]
+    print(f"Figure 2       {s['num_tensors_10MB_1GB']:,} tensors of 10 MB-1 GB; "
+          + (f"{share:.0%} of them idle for over 10 ms at a stretch" if share is not None else "none"))
+    rows = s.get("roofline")
+    if rows:
+        names = [k for k in rows[0] if k != "bw_gb_per_s"]
+        print("Figure 3       throughput / ideal by SSD bandwidth (GB/s each way; 0: does not fit)")
+        print("  GB/s  " + "".join(f"{n:>20}" for n in names))
+        for r in rows:
+            print(f"  {r['bw_gb_per_s']:>5g} " + "".join(
+                f"{'no plan':>20}" if r[n] is None else f"{r[n]:>20.3f}" for n in names))
+        for frac in (0.9, 0.95):
+            bw = bandwidth_for(rows, frac)
+            print(f"  planner within {1 - frac:.0%} of ideal from "
+                  + (f"{bw:g} GB/s" if bw is not None else "none of these bandwidths"))
     print("largest tensors:")
     for t in s["largest_tensors"]:
         print(f"  {t['tensor_id']:>15}  {t['kind']:<16}{_mib(t['size_bytes']):>14}  "
@@ -109,8 +200,23 @@ def inspect(
     profile: Annotated[Path, typer.Argument(help="A profile directory written by `teraio profile`.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     rank: Annotated[int, typer.Option(help="Which rank to summarise.")] = 0,
+    plot: Annotated[Path | None, typer.Option(
+        help="Also draw the paper's Figures 1-3 as PNGs into this directory (needs matplotlib); "
+             "implies --roofline.", show_default=False)] = None,
+    roofline: Annotated[bool, typer.Option(
+        "--roofline", help="Also plan at each --bw and show throughput against SSD bandwidth "
+                           "(Figure 3; runs the planner once per bandwidth).")] = False,
+    bw: Annotated[str, typer.Option(
+        help="Comma-separated SSD bandwidths for Figure 3, GB/s (1e9 bytes/s) each way.")]
+    = "4,8,16,24,32,48,64,128",
+    gpu_mem: Annotated[str | None, typer.Option(
+        help="Device memory for Figures 1 and 3, e.g. 80G (K/M/G/T are powers of 1024). "
+             "Default: the profiled device's.", show_default=False)] = None,
 ) -> None:
-    """Summarise a profile: time, peak memory and its make-up, active bytes, idle periods."""
+    """Summarise a profile: time, peak memory and its make-up, active bytes, idle periods, and
+    the Teraio paper's characterization (Figure 1: active bytes against device capacity;
+    Figure 2: inactive periods by tensor size; Figure 3 with --roofline or --plot: predicted
+    throughput against SSD bandwidth). Exit codes: 0 done, 2 bad input."""
     from profiles import ProfileFormatError, read_profile
 
     try:
@@ -119,8 +225,109 @@ def inspect(
         fail(str(exc))
     if rank not in prof.ranks:
         fail(f"rank {rank} is not in {profile} (ranks: {prof.ranks})")
+    capacity = prof.meta.get("device_memory_bytes")
+    if gpu_mem is not None:
+        from teraio.units import parse_size
+
+        try:
+            capacity = parse_size(gpu_mem)
+        except ValueError as exc:
+            fail(f"--gpu-mem: {exc}")
+        prof.meta["device_memory_bytes"] = capacity
     s = summarize(prof, rank)
+    if roofline or plot is not None:
+        from teraio.units import parse_bandwidth
+
+        try:
+            bandwidths = [parse_bandwidth(x) / 1e9 for x in bw.split(",") if x.strip()]
+        except ValueError as exc:
+            fail(f"--bw: {exc}")
+        if not bandwidths:
+            fail("--bw: give at least one bandwidth, e.g. --bw 8,16,32")
+        if not capacity:
+            info("Figure 3 skipped: the profile does not record the device's memory; pass --gpu-mem")
+        else:
+            info(f"Figure 3: planning at {len(bandwidths)} bandwidths")
+            s["roofline"] = roofline_rows(prof, rank, int(capacity), bandwidths)
+            s["bw_for_90pct_gb_per_s"] = bandwidth_for(s["roofline"], 0.9)
+            s["bw_for_95pct_gb_per_s"] = bandwidth_for(s["roofline"], 0.95)
     if json_out:
         print(json.dumps(s, indent=2))
     else:
         _print(s)
+    if plot is not None:
+        _plot(prof, rank, s, plot)
+
+
+def _plot(profile: Any, rank: int, s: dict[str, Any], out_dir: Path) -> None:
+    """Write fig1_active_bytes.png, fig2_inactive_periods.png and fig3_roofline.png."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        fail("--plot needs matplotlib (pip install matplotlib)")
+    from profiles import active_bytes, inactive_periods, memory_curve
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"cannot create {out_dir}: {exc.strerror}")
+    title = f"{profile.meta.get('builtin_model', {}).get('model') or profile.path} " \
+            f"({s['mode']}, {s['device']})"
+    gib = 2**30
+    figures = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ops = np.arange(s["num_ops"])
+    ax.plot(ops, memory_curve(profile, rank) / gib, label="all tensors (alive)", lw=1)
+    ax.plot(ops, np.maximum(active_bytes(profile, rank), 1) / gib, label="active tensors", lw=0.6)
+    if s["device_memory_bytes"]:
+        ax.axhline(s["device_memory_bytes"] / gib, color="k", ls="--", lw=1, label="device capacity")
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=2**-20)  # 1 KiB: scalar ops would stretch the axis
+    ax.set_xlabel("op index in the iteration")
+    ax.set_ylabel("memory (GiB, log)")
+    ax.set_title("Figure 1: active bytes per op\n" + title, fontsize=9)
+    ax.legend(fontsize=8)
+    figures.append((fig, "fig1_active_bytes.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    periods = inactive_periods(profile, rank)
+    if len(periods):
+        ax.scatter(periods["size_bytes"] / 1e6, np.maximum(periods["duration_us"], 1e-1) / 1e3,
+                   s=4, alpha=0.3, lw=0)
+    ax.axhline(10, color="k", ls="--", lw=1, label="10 ms")
+    ax.axvspan(10, 1000, color="tab:orange", alpha=0.1, label="10 MB-1 GB")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tensor size (MB)")
+    ax.set_ylabel("inactive period (ms)")
+    ax.set_title("Figure 2: inactive periods by tensor size\n" + title, fontsize=9)
+    ax.legend(fontsize=8)
+    figures.append((fig, "fig2_inactive_periods.png"))
+
+    rows = s.get("roofline")
+    if rows:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        xs = [r["bw_gb_per_s"] for r in rows]
+        for name in (k for k in rows[0] if k != "bw_gb_per_s"):
+            ax.plot(xs, [r[name] or 0.0 for r in rows], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("SSD bandwidth each way (GB/s)")
+        ax.set_ylabel("throughput / ideal (0: does not fit)")
+        ax.set_title("Figure 3: predicted throughput against migration bandwidth\n" + title,
+                     fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        figures.append((fig, "fig3_roofline.png"))
+    for fig, name in figures:
+        fig.tight_layout()
+        try:
+            fig.savefig(out_dir / name, dpi=120)
+        except OSError as exc:
+            fail(f"cannot write {out_dir / name}: {exc.strerror}")
+        plt.close(fig)
+        info(f"wrote {out_dir / name}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import shutil
 from pathlib import Path
@@ -20,54 +21,128 @@ def _default_out(script: Path) -> Path:
 
 
 def profile(
-    script: Annotated[Path, typer.Argument(help="The training script, run unmodified as __main__.")],
+    script: Annotated[Path | None, typer.Argument(
+        help="The training script, run unmodified as __main__. Not with --model.",
+        show_default=False)] = None,
     script_args: Annotated[
         list[str] | None,
         typer.Argument(help="Arguments for the script; put them after `--`.", show_default=False),
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Profile directory to write. Default: ./profiles/<script>-<timestamp>/."),
+        typer.Option(help="Profile directory to write. Default: ./profiles/<script or model>-<timestamp>/."),
     ] = None,
-    iters: Annotated[int, typer.Option(min=1, help="Iterations to record.")] = 2,
+    iters: Annotated[int | None, typer.Option(
+        min=1, help="Iterations to record. Default: 2, or 1 with --fake (fake iterations are "
+                    "identical).", show_default=False)] = None,
     warmup: Annotated[
         int, typer.Option(min=1, help="Iterations to run first and not record (iteration 0 "
                                       "creates optimizer state).")
     ] = 1,
     force: Annotated[bool, typer.Option(help="Overwrite an existing output directory.")] = False,
+    fake: Annotated[bool, typer.Option(
+        "--fake", help="Run under FakeTensorMode: no tensor memory is allocated and each op is "
+                       "timed by a roofline model of --gpu (FLOPs over peak FLOP/s, bytes over "
+                       "memory bandwidth).")] = False,
+    gpu: Annotated[str | None, typer.Option(
+        help="With --fake: the device to model: a100 (A100-SXM4-80GB), h100 (H100-SXM5-80GB) "
+             "or h200 (H200-SXM-141GB).",
+        show_default=False)] = None,
+    model: Annotated[str | None, typer.Option(
+        help="With --fake: profile a built-in model instead of a script: llama3-8b, llama3-70b, "
+             "granite-8b-code-base or t5-11b.", show_default=False)] = None,
+    batch: Annotated[int | None, typer.Option(
+        min=1, help="With --model: global batch, sequences per iteration (optimizer step). "
+                    "Default: the micro-batch.", show_default=False)] = None,
+    micro_batch: Annotated[int | None, typer.Option(
+        min=1, help="With --model: sequences per forward/backward pass; --batch / --micro-batch "
+                    "passes accumulate gradients. Default: 1.", show_default=False)] = None,
+    seq: Annotated[int | None, typer.Option(
+        min=1, help="With --model: tokens per sequence. Default: 4096.", show_default=False)] = None,
+    precision: Annotated[str | None, typer.Option(
+        help="With --model: fp32, tf32 (fp32 tensors, TF32 matmuls) or bf16 (pure bf16: "
+             "parameters, gradients, optimizer state). Default: fp32.", show_default=False)] = None,
+    optimizer: Annotated[str | None, typer.Option(
+        help="With --model: adamw (one parameter per op), adamw-foreach (each op over all "
+             "parameters), adamw-in-backward (each parameter stepped and its gradient freed "
+             "during backward; no gradient accumulation) or sgd (momentum 0.9). Default: adamw.",
+        show_default=False)] = None,
 ) -> None:
-    """Profile SCRIPT: record every op's timing and every tensor's size and accesses.
+    """Profile SCRIPT (or, with --fake, a built-in --model): every op's timing, every tensor's
+    size and accesses.
 
     An iteration ends when every optimizer has stepped (or at
     `teraio.mark_iteration()`). After WARMUP + ITERS iterations the script is
     stopped and the profile (kernels, tensors, accesses as Parquet, plus
-    meta.json) is written. Exit codes: 0 done, 2 bad input, the script's own
-    code if it fails.
+    meta.json) is written.
+
+    With --fake nothing is computed: ops run on fake tensors and take the time
+    the roofline model of --gpu gives. A script then must build its model and
+    data through PyTorch and not branch on tensor values (`.item()` returns a
+    placeholder 1). Example: `teraio profile --fake --gpu h100 --model
+    llama3-8b --batch 32 --micro-batch 1 --seq 4096`.
+
+    Exit codes: 0 done, 2 bad input, the script's own code if it fails.
     """
-    if not script.is_file():
+    model_opts = {"--batch": batch, "--micro-batch": micro_batch, "--seq": seq,
+                  "--precision": precision, "--optimizer": optimizer}
+    if model is not None and script is not None:
+        fail("give a SCRIPT or --model, not both")
+    if model is None and script is None:
+        fail(f"give a training SCRIPT, or --fake --model NAME (one of {', '.join(_model_names())})")
+    if not fake:
+        for name, value in (("--gpu", gpu), ("--model", model)):
+            if value is not None:
+                fail(f"{name} needs --fake (a real profile times the device it runs on)")
+    given = [k for k, v in model_opts.items() if v is not None]
+    if model is None and given:
+        fail(f"{', '.join(given)} apply to --model only")
+    if script is not None and not script.is_file():
         fail(f"no such script: {script}")
-    out_dir = out if out is not None else _default_out(script)
+    cost_model = None
+    if fake:
+        cost_model = _cost_model(gpu, precision)
+    train_cfg = _train_config(model, batch, micro_batch, seq, precision, optimizer) if model else None
+    stem = script if script is not None else Path(str(model))
+    out_dir = out if out is not None else _default_out(stem)
     if out_dir.exists() and not force:
         fail(f"{out_dir} already exists; pass --force to overwrite it")
+    if iters is None:
+        iters = 1 if fake else 2
 
     from profiles import write_profile
     from torch_patch import ProfileComplete, ScriptFailed, Tracer, run_script
 
     def progress(s: dict[str, Any]) -> None:
         what = "recorded" if s["recorded"] else "warm-up"
-        took = f", {s['time_us'] / 1e3:.1f} ms" if s["time_us"] is not None else ""
+        took = ""
+        if s["time_us"] is not None:
+            took = f", {s['time_us'] / 1e3:.1f} ms" + (" predicted" if fake else "")
         info(f"iteration {s['iteration']} ({what}): {s['num_ops']} ops{took}")
 
-    tracer = Tracer(warmup=warmup, iters=iters, on_iteration=progress)
+    if cost_model is not None:
+        from torch_patch.fake import FakeTracer
+
+        tracer: Tracer = FakeTracer(cost_model, warmup=warmup, iters=iters, on_iteration=progress)
+        info(f"fake mode: timing ops as on {cost_model.device.name}")
+    else:
+        tracer = Tracer(warmup=warmup, iters=iters, on_iteration=progress)
     args = list(script_args or [])
     completed = False
     try:
         with tracer:
-            run_script(script, args)
+            if train_cfg is not None:
+                from torch_patch.builtin_train import train
+
+                train(train_cfg, steps=warmup + iters + 1)
+            else:
+                assert script is not None
+                run_script(script, args)
     except ProfileComplete:
         completed = True
     except ScriptFailed as exc:
-        fail(f"{script} failed (exit status {exc.exit_code}); no profile written", exc.exit_code)
+        hint = " (in fake mode: see `teraio profile --help` for what a script needs)" if fake else ""
+        fail(f"{script} failed (exit status {exc.exit_code}){hint}; no profile written", exc.exit_code)
     except KeyboardInterrupt:
         fail("interrupted; no profile written", 130)
     if not completed:
@@ -79,8 +154,14 @@ def profile(
         fail(f"{script} ended after {seen} iterations; profiling needs warmup + iters = "
              f"{warmup + iters} (run it for more steps, or lower --warmup/--iters)", EXIT_BAD_INPUT)
 
-    prof = tracer.profile({"script": str(script), "script_args": args,
-                           "warmup": warmup, "cost_model": None})
+    meta: dict[str, Any] = {"script": str(script) if script is not None else None,
+                            "script_args": args, "warmup": warmup}
+    if cost_model is None:
+        meta["cost_model"] = None  # the fake tracer records its own
+    if train_cfg is not None:
+        meta["builtin_model"] = {**dataclasses.asdict(train_cfg),
+                                 "num_micro_batches": train_cfg.num_micro_batches}
+    prof = tracer.profile(meta)
     if not prof.meta["iterations_identical"]:
         info("warning: the recorded iterations differ in ops or tensors; "
              "plans follow the first one")
@@ -90,3 +171,42 @@ def profile(
     info(f"profile of {len(prof.kernels_of())} ops/iteration, {len(prof.tensors)} tensors "
          f"written to {path}")
     print(path)
+
+
+def _device_names() -> list[str]:
+    from torch_patch.devices import DEVICES
+
+    return list(DEVICES)
+
+
+def _model_names() -> list[str]:
+    from torch_patch.models import CONFIGS
+
+    return list(CONFIGS)
+
+
+def _cost_model(gpu: str | None, precision: str | None) -> Any:
+    from torch_patch.builtin_train import PRECISIONS
+    from torch_patch.costmodel import RooflineCostModel
+    from torch_patch.devices import get_device
+
+    if gpu is None:
+        fail(f"--fake needs --gpu NAME, one of {', '.join(_device_names())}")
+    try:
+        device = get_device(gpu)
+    except ValueError as exc:
+        fail(f"--gpu: {exc}")
+    tf32 = PRECISIONS[precision][1] if precision in PRECISIONS else False
+    return RooflineCostModel(device, tf32=tf32)
+
+
+def _train_config(model: str, batch: int | None, micro_batch: int | None, seq: int | None,
+                  precision: str | None, optimizer: str | None) -> Any:
+    from torch_patch.builtin_train import TrainConfig
+
+    micro = micro_batch or 1
+    try:
+        return TrainConfig(model=model, batch=batch or micro, micro_batch=micro, seq=seq or 4096,
+                           precision=precision or "fp32", optimizer=optimizer or "adamw")
+    except ValueError as exc:
+        fail(str(exc))

@@ -58,7 +58,7 @@ def mark_iteration() -> None:
 @dataclass(frozen=True)
 class OpInfo:
     name: str
-    skip: bool  # profiler bookkeeping ops: not counted, touch no tensor data
+    skip: bool  # profiler bookkeeping and metadata queries: not counted, touch no data
     mutable_args: frozenset[int]  # positions of arguments the op writes
     mutable_kwargs: frozenset[str]
 
@@ -66,7 +66,9 @@ class OpInfo:
 def _op_info(func: Any) -> OpInfo:
     args = func._schema.arguments
     writes = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
-    skip = func.namespace == "profiler"
+    # prim::device and friends are metadata queries that only tensor subclasses (fake
+    # tensors) send through dispatch modes: no op, no data, not counted.
+    skip = func.namespace in ("profiler", "prim")
     return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes))
 
 

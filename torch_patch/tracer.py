@@ -53,7 +53,7 @@ class _Iteration:
         self.op_names: list[str] = []
         self.phases: list[str] = []
         self.modules: list[str | None] = []
-        self.start_ns: list[int] = []
+        self.start_ns: list[float] = []
         self.dur_ns: list[float] = []
         self.acc_op: list[int] = []
         self.acc_tid: list[int] = []

@@ -1,0 +1,125 @@
+"""A roofline cost model: how long one aten op takes on a named device.
+
+``time = max(FLOPs / peak FLOP/s for the op's dtype, bytes read and written /
+memory bandwidth) + launch cost``. FLOPs come from PyTorch's own formulas
+(``torch.utils.flop_counter``'s registry: matmuls, convolutions, attention);
+every other op counts as memory-bound. Bytes are the sizes of the op's tensor
+arguments (read) plus its outputs (written); an in-place op's tensor counts
+both ways. Views and allocations launch no kernel and cost nothing.
+
+What this leaves out, on purpose: achieved (not peak) rates, cache reuse,
+kernel fusion, and overlap between ops. A fake profile's times are therefore
+a lower bound of a real step's, with the ops in the right proportion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from torch_patch.devices import Device
+
+__all__ = ["DEFAULT_LAUNCH_US", "RooflineCostModel"]
+
+# NOTE [ Launch cost ]: an H100 runs an empty kernel in about 2-3 us of GPU time
+# and eager PyTorch issues one every ~5 us at best; 4 us stands for both. It
+# only matters for the many tiny ops (norm statistics, optimizer scalars).
+DEFAULT_LAUNCH_US = 4.0
+
+_aten = torch.ops.aten
+_NO_KERNEL = {
+    _aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default,
+    _aten.new_empty.default, _aten.new_empty_strided.default, _aten.lift_fresh.default,
+    _aten._local_scalar_dense.default,
+}
+
+
+def _shape(t: Any) -> Any:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else t
+
+
+# FlashAttention skips the key blocks a causal mask hides: about half the work.
+def _sdpa_cpu_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    is_causal: bool = False, **_: Any) -> int:
+    flops = sdpa_flop_count(_shape(q), _shape(k), _shape(v))
+    return int(flops // 2 if is_causal else flops)
+
+
+def _sdpa_cpu_backward_flops(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             out: Any, lse: Any, dropout_p: float, is_causal: bool, **_: Any) -> int:
+    flops = sdpa_backward_flop_count(_shape(grad), _shape(q), _shape(k), _shape(v))
+    return int(flops // 2 if is_causal else flops)
+
+
+# Fake tensors on the CPU take the CPU flash-attention kernels, which the registry lacks;
+# they do the same math as the CUDA ones.
+_EXTRA_FLOPS: dict[Any, Callable[..., int]] = {
+    _aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward_flops,
+}
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    n = t.numel() * t.element_size()
+    if n and not t.is_contiguous():  # expanded (stride 0) views read their storage once
+        n = min(n, t.untyped_storage().nbytes())
+    return n
+
+
+@dataclass(frozen=True)
+class RooflineCostModel:
+    """Times ops as on ``device``; see the module docstring for the model."""
+
+    device: Device
+    launch_us: float = DEFAULT_LAUNCH_US
+    """Added to every op that launches a kernel; see NOTE [ Launch cost ]."""
+    tf32: bool = False
+    """Whether float32 matmuls run on TF32 tensor cores (PyTorch's default is no)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What profiles record as ``cost_model``."""
+        return {
+            "kind": "roofline",
+            "device": self.device.name,
+            "peak_flops_per_s": dict(self.device.peak_flops_per_s),
+            "memory_bw_bytes_per_s": self.device.memory_bw_bytes_per_s,
+            "launch_us": self.launch_us,
+            "tf32": self.tf32,
+        }
+
+    def flops(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+        packet = func.overloadpacket
+        rule = flop_registry.get(packet)
+        if rule is not None:
+            return int(rule(*args, **kwargs, out_val=out))
+        extra = _EXTRA_FLOPS.get(packet)
+        return extra(*args, **kwargs) if extra is not None else 0
+
+    def op_us(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+              inputs: list[torch.Tensor], out: Any) -> float:
+        """Microseconds op ``func`` takes; ``inputs`` are its tensor arguments, ``out`` its result."""
+        if func in _NO_KERNEL or func.is_view:
+            return 0.0
+        nbytes = 0
+        dtype = None
+        for t in inputs:
+            nbytes += _tensor_bytes(t)
+            if dtype is None and t.is_floating_point():
+                dtype = t.dtype
+        if isinstance(out, torch.Tensor):
+            nbytes += _tensor_bytes(out)
+            if dtype is None and out.is_floating_point():
+                dtype = out.dtype
+        elif isinstance(out, (list, tuple)):
+            for o in out:
+                if isinstance(o, torch.Tensor):
+                    nbytes += _tensor_bytes(o)
+        dev = self.device
+        t_mem = nbytes / dev.memory_bw_bytes_per_s
+        flops = self.flops(func, args, kwargs, out)
+        t_math = flops / dev.peak_for(str(dtype).removeprefix("torch."), self.tf32) if flops else 0.0
+        return max(t_mem, t_math) * 1e6 + self.launch_us

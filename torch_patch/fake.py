@@ -1,0 +1,119 @@
+"""Fake-mode profiling: trace a training step without running it (DESIGN.md section 8).
+
+``FakeTracer`` is the ``Tracer`` with PyTorch's ``FakeTensorMode`` under it:
+every tensor made inside carries shape, dtype and a storage of the right size
+but no memory, every op computes only its output metadata, and each op's
+duration comes from a ``RooflineCostModel`` for a named device instead of a
+clock. The op stream sits *above* the fake mode, so it sees exactly the ops
+the script issues (the ones a real run would see) on fake tensors whose
+``untyped_storage()`` objects live and die like real ones; storage ids,
+accesses and lifetimes are therefore the same as in a real profile.
+
+What a user's script needs to run in fake mode (``teraio profile --fake``):
+
+* it builds its model, optimizer and data *inside* the run, through PyTorch
+  (``nn.Module`` constructors, ``torch.randn``/``randint``, ``torch.optim``);
+  tensors it loads from files or NumPy become fake constants of the same size;
+* it never branches on tensor values: ``.item()``, ``float(t)`` and ``bool(t)``
+  return a placeholder (1, or False for booleans), so logging a loss works
+  but a loop that waits for a value does not, and ops whose output shape depends on values (``nonzero``,
+  boolean-mask indexing) fail;
+* it uses no custom CUDA/C++ extensions without meta kernels.
+Fake tensors keep the device the script asks for; timing is always for the
+``--gpu`` device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from profiles import Profile
+from torch_patch.costmodel import RooflineCostModel
+from torch_patch.tracer import Tracer
+
+__all__ = ["FakeTracer"]
+
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+
+
+def _placeholder(dtype: torch.dtype) -> bool | int | float:
+    """What ``.item()`` gives in fake mode: 1 (no division by zero, e.g. Adam's bias
+    correction at a placeholder step), and False for booleans (no NaN found)."""
+    if dtype == torch.bool:
+        return False
+    if dtype.is_floating_point or dtype.is_complex:
+        return 1.0
+    return 1
+
+
+def _no_memo(_meta: torch.Tensor, _fake: torch.Tensor) -> None:
+    return None
+
+
+class FakeTracer(Tracer):
+    """A ``Tracer`` over ``FakeTensorMode`` that times ops with ``cost_model``.
+
+    Use it as a context manager around model building and training, like
+    ``Tracer``; leaving it leaves the fake mode too. Times start at 0 and add
+    up the modelled op durations (ops run back to back, as on one stream).
+    """
+
+    def __init__(self, cost_model: RooflineCostModel, warmup: int = 1, iters: int = 1,
+                 on_iteration: Any = None) -> None:
+        super().__init__(warmup=warmup, iters=iters, on_iteration=on_iteration, cuda_timing=False)
+        self.cost_model = cost_model
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        # NOTE [ Fake outputs without memo ]: FakeTensorMode memoizes each op's output in
+        # a WeakValueDictionary keyed by its fresh meta tensor, a memo that can never hit
+        # again but leaves a weak reference on every fake tensor, and
+        # torch.utils.swap_tensors (which Module.to()/_apply() uses on fake parameters)
+        # refuses tensors with weak references. Dropping that memo makes `model.to(...)`
+        # work on fake models. Conversions of real tensors keep their own memo.
+        self.fake_mode.fake_tensor_converter.set_tensor_memo = _no_memo  # type: ignore[method-assign,assignment]
+        self._clock_ns = 0.0
+        self._now = self._clock  # type: ignore[assignment]
+        self._t0 = 0
+
+    def _clock(self) -> float:
+        return self._clock_ns
+
+    def run_op(self, index, func, args, kwargs, inputs):  # type: ignore[no-untyped-def]
+        if func is _LOCAL_SCALAR:  # .item() and friends: no data to read
+            out: Any = _placeholder(args[0].dtype)
+        else:
+            out = func(*args, **kwargs)
+        rec = self._rec
+        if rec is not None:
+            us = self.cost_model.op_us(func, args, kwargs, [t for _, t, _ in inputs], out)
+            rec.start_ns.append(self._clock_ns)
+            rec.dur_ns.append(us * 1e3)
+            self._clock_ns += us * 1e3
+        return out
+
+    def profile(self, meta: dict[str, Any]) -> Profile:
+        dev = self.cost_model.device
+        return super().profile({
+            "mode": "fake",
+            "device_type": "cuda",
+            "device_name": dev.name,
+            "device_memory_bytes": dev.memory_bytes,
+            "cost_model": self.cost_model.describe(),
+            **meta,
+        })
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        self.fake_mode.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self.fake_mode.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self.fake_mode.__exit__(*exc)
