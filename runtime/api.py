@@ -56,11 +56,17 @@ def load_run_plan(path: str | os.PathLike[str], rank: int = 0) -> RunPlan:
     try:
         ranks = doc["ranks"]
         entries = ranks[str(rank)]
+        # An offload triggered after its own prefetch (folded into one iteration) is of a
+        # period that spans the boundary: the tensor is out when an iteration begins.
+        prefetch_at = {(m["tensor_id"], m.get("period_start_op")): int(m["trigger_op"])
+                       for m in entries if m["action"] == "prefetch"}
         moves = [
             Move(tensor_id=int(m["tensor_id"]), action=str(m["action"]),
                  target=str(m.get("target") or m.get("source")), trigger_op=int(m["trigger_op"]),
                  deadline_op=int(m["deadline_op"]), size_bytes=int(m["size_bytes"]),
-                 urgent=bool(m.get("urgent", False)))
+                 urgent=bool(m.get("urgent", False)),
+                 out_at_boundary=m["action"] == "offload" and bool(m.get("wraps")) and int(m["trigger_op"])
+                 > prefetch_at.get((m["tensor_id"], m.get("period_start_op")), int(m["trigger_op"])))
             for m in entries
         ]
         op_names = doc.get("op_names", {}).get(str(rank))
@@ -143,8 +149,13 @@ def run_report(executor: PlanExecutor, plan: RunPlan, wall_s: float) -> dict[str
     steady = s.iteration_s[1:] or s.iteration_s
     measured_iter = sorted(steady)[len(steady) // 2] if steady else None
     written, read = dict(s.bytes_written), dict(s.bytes_read)
+    # Iteration 0 is never followed (see runtime.executor): its peak is reported apart.
+    peaks = s.iteration_peak_bytes
+    followed = peaks[executor.follow_from:] or peaks or [s.peak_tracked_bytes]
     return {
-        "peak_tracked_bytes": s.peak_tracked_bytes,
+        "peak_tracked_bytes": max(followed),
+        "first_iteration_peak_bytes": peaks[0] if peaks else None,
+        "iteration_peak_bytes": peaks,
         "peak_rss_bytes": peak_rss_bytes(),
         "stalls": s.stalls,
         "stall_s": s.stall_s,

@@ -10,11 +10,12 @@ never followed (it differs from the profile: set-up and lazy optimizer state).
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -49,6 +50,7 @@ class Move:
     deadline_op: int
     size_bytes: int
     urgent: bool = False
+    out_at_boundary: bool = False  # an offload whose period spans the iteration boundary
 
 
 @dataclass(eq=False)
@@ -58,6 +60,7 @@ class _Entry:
     backend: Backend
     target: str  # "ssd" | "host"
     storage: weakref.ref[torch.UntypedStorage]
+    key: int  # the backend's key: fixed, while tensor ids change at boundaries
     job: Job | None = None
     touched: bool = False  # accessed while its offload was in flight: keep it
 
@@ -74,8 +77,9 @@ class RunStats:
     write_busy_s: float = 0.0
     read_busy_s: float = 0.0
     tracked_bytes: int = 0
-    peak_tracked_bytes: int = 0
+    peak_tracked_bytes: int = 0  # since the last iteration boundary
     iteration_s: list[float] = field(default_factory=list)
+    iteration_peak_bytes: list[int] = field(default_factory=list)
 
 
 class PlanExecutor(OpStream):
@@ -90,6 +94,7 @@ class PlanExecutor(OpStream):
             if m.action == "offload":
                 self.deadlines[m.deadline_op].append(m.tensor_id)
         self.planned_size = {m.tensor_id: m.size_bytes for m in moves}
+        self.carried_out = [m for m in moves if m.out_at_boundary]
         self.op_names = op_names
         self.backends = backends
         self.engine = engine
@@ -101,6 +106,7 @@ class PlanExecutor(OpStream):
         self.divergence_reported = False
         self.matched_iterations = 0
         self._warned: set[str] = set()
+        self._keys = itertools.count()
         self._iter_t0 = time.perf_counter()
 
     @property
@@ -151,11 +157,10 @@ class PlanExecutor(OpStream):
         if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
             n = 0  # its bytes were not counted while offloaded
         self.stats.tracked_bytes -= n
-        if entry is not None and entry.job is None:
-            entry.backend.delete(tensor_id)
-        elif entry is not None and entry.job is not None:
-            entry.job.done.wait()
-            entry.backend.delete(tensor_id)
+        if entry is not None:
+            if entry.job is not None:
+                entry.job.done.wait()
+            entry.backend.delete(entry.key)
 
     # ---- plan checks -------------------------------------------------------------
     def _check_op(self, index: int, name: str) -> None:
@@ -202,6 +207,7 @@ class PlanExecutor(OpStream):
     def _offload(self, tid: int, storage: torch.UntypedStorage, target: str,
                  urgent: bool) -> None:
         backend = self.backends[target]
+        key = next(self._keys)
         src = byte_view(storage)
         if src.is_cuda:  # the bytes are ready once the compute stream gets here
             event = torch.cuda.Event()
@@ -209,14 +215,14 @@ class PlanExecutor(OpStream):
 
             def work() -> None:
                 event.synchronize()
-                backend.write(tid, src)
+                backend.write(key, src)
         else:
             def work() -> None:
-                backend.write(tid, src)
+                backend.write(key, src)
 
         job = self.engine.submit(Job(tid, "write", storage.nbytes(), work, urgent, target))
         self.moved[tid] = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target,
-                                 weakref.ref(storage), job)
+                                 weakref.ref(storage), key, job)
 
     def _fetch(self, tid: int, entry: _Entry, urgent: bool) -> None:
         storage = entry.storage()
@@ -226,10 +232,10 @@ class PlanExecutor(OpStream):
         self.stats.tracked_bytes += entry.nbytes
         self.stats.peak_tracked_bytes = max(self.stats.peak_tracked_bytes, self.stats.tracked_bytes)
         dst = byte_view(storage)
-        backend = entry.backend
+        backend, key = entry.backend, entry.key
 
         def work() -> None:
-            backend.read(tid, dst)
+            backend.read(key, dst)
 
         entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, work, urgent, entry.target))
         entry.state = Residency.FETCHING
@@ -277,7 +283,7 @@ class PlanExecutor(OpStream):
             self._warn_once(f"write-{job.target}",
                             f"could not write tensor {tid} to {job.target} ({job.error}); "
                             "keeping such tensors in memory")
-            entry.backend.delete(tid)
+            entry.backend.delete(entry.key)
             del self.moved[tid]
             if (isinstance(job.error, BackendFull) and job.target != "host"
                     and "host" in self.backends and storage is not None and not entry.touched):
@@ -287,7 +293,7 @@ class PlanExecutor(OpStream):
         self.stats.write_busy_s += job.busy_s
         if entry.touched or storage is None:
             self.stats.cancelled_offloads += entry.touched
-            entry.backend.delete(tid)
+            entry.backend.delete(entry.key)
             del self.moved[tid]
             return
         free_storage(storage)
@@ -297,11 +303,11 @@ class PlanExecutor(OpStream):
     def _finish_read(self, job: Job, entry: _Entry) -> None:
         tid = job.tensor_id
         if job.error is not None:
-            where = entry.backend.where(tid)
+            where = entry.backend.where(entry.key)
             raise StorageIOError(tid, where, str(job.error))
         self.stats.bytes_read[job.target] += job.nbytes
         self.stats.read_busy_s += job.busy_s
-        entry.backend.delete(tid)
+        entry.backend.delete(entry.key)
         del self.moved[tid]
 
     def restore_all(self) -> None:
@@ -324,6 +330,22 @@ class PlanExecutor(OpStream):
             warnings.warn(f"teraio: {message}", RuntimeWarning, stacklevel=3)
 
     # ---- iterations ----------------------------------------------------------------
+    def renamed(self, new_ids: dict[int, int]) -> None:
+        # Persistent storages get their names at a boundary and carried ones a flag
+        # (torch_patch.identity): what is keyed by tensor id follows its storage.
+        self.sizes = {new_ids.get(t, t): n for t, n in self.sizes.items()}
+        self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
+        for entry in self.moved.values():
+            if entry.job is not None:
+                entry.job.tensor_id = new_ids.get(entry.job.tensor_id, entry.job.tensor_id)
+
+    def begin_iteration(self) -> None:
+        # The unfollowed iteration before the first followed one kept resident what the
+        # plan has out across the boundary: send it out now, first in line.
+        if self.iteration == self.follow_from and self.diverged is None:
+            for m in self.carried_out:
+                self._start(replace(m, urgent=True))
+
     def end_iteration(self) -> None:
         if self.diverged is not None and not self.divergence_reported:
             self.divergence_reported = True
@@ -332,6 +354,8 @@ class PlanExecutor(OpStream):
                           stacklevel=2)
         now = time.perf_counter()
         self.stats.iteration_s.append(now - self._iter_t0)
+        self.stats.iteration_peak_bytes.append(self.stats.peak_tracked_bytes)
+        self.stats.peak_tracked_bytes = self.stats.tracked_bytes
         self._iter_t0 = now
         if self.following and self.op_names is not None:
             if self.op_index != len(self.op_names):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -82,6 +83,7 @@ def run(
     except (ValueError, PlanFileError) as exc:
         fail(str(exc))
     out: dict[str, Any] = {}
+    t0 = time.perf_counter()
     try:
         with offload(run_plan, swap_dir=swap_dir, backend=backend,
                      host_mem_bytes=host_bytes) as executor:
@@ -99,7 +101,7 @@ def run(
         fail("interrupted; swap files removed", 130)
     except (RuntimeError, OSError) as exc:
         fail(str(exc), EXIT_FAILED)
-    r = run_report(out["executor"], run_plan, 0.0)
+    r = run_report(out["executor"], run_plan, time.perf_counter() - t0)
     if r["diverged_at"]:
         info(f"the op stream left the plan at {r['diverged_at']}; the rest ran on demand")
     print(_summary(r), file=sys.stderr)

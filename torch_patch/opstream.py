@@ -109,6 +109,10 @@ class OpStream(TorchDispatchMode):
     def end_iteration(self) -> None:
         """Called at a boundary, before persistent storages are renamed."""
 
+    def renamed(self, new_ids: dict[int, int]) -> None:
+        """Called at a boundary after the renaming: old tensor id -> new, for every
+        live storage whose id changed."""
+
     def begin_iteration(self) -> None:
         """Called after a boundary, with ``self.iteration`` already advanced."""
 
@@ -212,12 +216,19 @@ class OpStream(TorchDispatchMode):
             if old is not None and old not in self.persistent:
                 self.labels[old] = (pn.name, pn.kind)
         self.end_iteration()
+        new_ids: dict[int, int] = {}
         for number, pn in enumerate(named):
+            old = self.ids.get(pn.storage)
+            if old is not None and old != number:
+                new_ids[old] = number
             self.ids.assign(pn.storage, number)
             self.persistent[number] = (pn.name, pn.kind)
         for tid, storage in self.ids.live().items():
             if tid >= PRODUCED_BASE and not tid & CARRIED_FLAG:
+                new_ids[tid] = tid | CARRIED_FLAG
                 self.ids.assign(storage, tid | CARRIED_FLAG)
+        if new_ids:
+            self.renamed(new_ids)
         self.iteration += 1
         self.op_index = 0
         self._stepped.clear()
