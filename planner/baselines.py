@@ -4,11 +4,12 @@ Each baseline is the best faithful version of the system it stands for:
 
 - ``ideal``: keep everything, infinite memory: the ops back to back.
 - ``activation_offload`` (the SSD activation-offload work): every saved
-  activation (a tensor made in forward and next used in backward) goes to the
-  SSD as soon as it is produced, in production order; backward prefetches one
-  layer ahead: the activations a layer's backward needs start coming back when
-  the backward of the layer before it (in execution order) starts, in that
-  order. Parameters, gradients and optimizer state stay.
+  activation (a tensor made in forward and next used, or freed unused, in
+  backward) goes to the SSD as soon as it is produced, in production order;
+  backward prefetches one layer ahead (none freed unused comes back): the
+  activations a layer's backward needs start coming back when the backward of
+  the layer before it (in execution order) starts, in that order. Parameters,
+  gradients and optimizer state stay.
 - ``zero_offload`` (ZeRO-Offload/Infinity-like): optimizer state lives in host
   memory (in the SSD when parameters, gradients and optimizer state do not
   all fit the host-memory limit: ZeRO-Infinity), the optimizer step runs on the
@@ -86,13 +87,16 @@ def ideal(problem: PlanProblem) -> RankPlan:
 
 
 def _moves(problem: PlanProblem, rows: np.ndarray, target: str) -> list[Move]:
-    s, e = problem.start_op[rows], problem.end_op[rows]
-    fetch = np.clip(_one_layer_ahead(problem, e), s + 1, e)
+    """Out after the last use, back one layer ahead; a trailing period is never fetched back."""
+    s, e, back = problem.start_op[rows], problem.end_op[rows], problem.reads_back[rows]
+    fetch = np.where(back, np.clip(_one_layer_ahead(problem, e), s + 1, e), e)
     return [
         Move(period=int(i), tensor_id=int(problem.tensor_id[i]), size_bytes=int(problem.size_bytes[i]),
              target=target, start_op=int(a), end_op=int(b), offload_trigger=int(a) + 1, offload_deadline=-1,
-             prefetch_trigger=int(f), prefetch_deadline=int(b), priority=int(a), prefetch_priority=int(f))
-        for i, a, b, f in zip(rows.tolist(), s.tolist(), e.tolist(), fetch.tolist(), strict=True)
+             prefetch_trigger=int(f), prefetch_deadline=int(b), priority=int(a), prefetch_priority=int(f),
+             reads_back=bool(r))
+        for i, a, b, f, r in zip(rows.tolist(), s.tolist(), e.tolist(), fetch.tolist(), back.tolist(),
+                                 strict=True)
     ]
 
 

@@ -12,6 +12,11 @@ inactive period with the best benefit/cost, where
   window's ops that are over capacity;
 - its *cost* is the time of the transfer out and back.
 
+A trailing period (``reads_back`` false, NOTE [ Trailing periods ] in
+``planner.problem``) is an offload-only candidate: its window runs from the op
+after its offload can complete to its ``end_op`` (the storage's death), its
+cost is the write alone, and it reserves no read bandwidth.
+
 Destination: the SSD while any candidate fits its bandwidth; then host memory,
 within the host-memory limit. What still does not fit is fixed by offloads that
 ops wait for (see NOTE [ Stall fixes ]).
@@ -58,6 +63,10 @@ class Move:
     ``prefetch_trigger`` (its memory is counted from then) and must be complete
     before op ``prefetch_deadline``, the next use. Channels serve transfers by
     ``priority`` (lower first), urgent ones before all others.
+
+    A move of a trailing period (``reads_back`` false) has no prefetch: the
+    storage dies at ``end_op`` (``prefetch_trigger == prefetch_deadline ==
+    end_op``), and its offloaded copy with it.
     """
 
     period: int
@@ -74,6 +83,7 @@ class Move:
     prefetch_priority: int = -1  # -1: the same as ``priority``
     urgent_offload: bool = False
     urgent_prefetch: bool = False
+    reads_back: bool = True
 
     @property
     def read_priority(self) -> int:
@@ -189,9 +199,10 @@ class _Planner:
 
     # A host copy is held from the offload's trigger op through the op that needs the
     # tensor back: its prefetch may end in that op's wait, after the next offloads start.
+    # A trailing period's copy is held until the storage dies.
     def _host_span(self, i: int) -> list[tuple[int, int]]:
-        s, e = int(self.p.start_op[i]), int(self.p.end_op[i])
-        return self._segments(s + 1, min(e + 1, s + 1 + self.n))
+        s, e = int(self.p.start_op[i]), int(self.p.end_op[i]) + int(self.p.reads_back[i])
+        return self._segments(s + 1, min(e, s + 1 + self.n))
 
     def _host_fits(self, i: int) -> bool:
         limit = self.hw.host_mem_bytes
@@ -206,11 +217,19 @@ class _Planner:
             self.host_used[lo:hi] += float(self.p.size_bytes[i])
 
     def _window(self, i: int, target: str) -> tuple[int, int]:
-        """First op with the memory free and the op the prefetch starts at, on ``target``."""
+        """First op with the memory free and the op the prefetch starts at (a trailing
+        period: its end), on ``target``."""
         s, e, size = int(self.p.start_op[i]), int(self.p.end_op[i]), float(self.p.size_bytes[i])
         done = self.channels[f"{target}_write"].earliest_end(s + 1, size)
+        if not self.p.reads_back[i]:
+            return done + 1, e
         start = self.channels[f"{target}_read"].latest_start(e, size)
         return done + 1, start
+
+    def _cost_per_byte(self, i: int, target: str) -> float:
+        """Seconds per byte of period ``i``'s transfers on ``target``: out, and back unless trailing."""
+        bw = self.hw.channel_bw()
+        return 1 / bw[f"{target}_write"] + (1 / bw[f"{target}_read"] if self.p.reads_back[i] else 0.0)
 
     # ---- the greedy stages ------------------------------------------------------------------
     def _initial_keys(self, candidates: np.ndarray, target: str) -> list[tuple[float, float, int, int, int]]:
@@ -218,6 +237,7 @@ class _Planner:
         for fresh ``target`` channels."""
         p, n = self.p, self.n
         s, e = p.start_op[candidates], p.end_op[candidates]
+        back = p.reads_back[candidates]
         size = p.size_bytes[candidates].astype(np.float64)
         bw_w = getattr(self.hw, "ssd_write_bw_bytes_per_s" if target == "ssd" else "host_bw_bytes_per_s")
         bw_r = getattr(self.hw, "ssd_read_bw_bytes_per_s" if target == "ssd" else "host_bw_bytes_per_s")
@@ -226,6 +246,7 @@ class _Planner:
         cr = np.concatenate([[0.0], np.cumsum(cap2 * bw_r)])
         first = np.searchsorted(cw, cw[s + 1] + size - 0.5, side="left")  # = done slot + 1
         last = np.searchsorted(cr, cr[e] - size + 0.5, side="right") - 1  # prefetch start slot
+        last = np.where(back, last, e)  # a trailing period's memory is free until it dies
         first = np.minimum(first, 2 * n)
         last = np.clip(last, 0, 2 * n)
         t_over = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * self.over, 2))])
@@ -233,7 +254,8 @@ class _Planner:
         hi = np.maximum(last, first)
         ub = np.minimum(t_over[hi] - t_over[first], size * (t_any[hi] - t_any[first]))
         ub = np.where(last > first, ub, 0.0)
-        score = quantize_array(ub * (1 + 1e-9) / (size / bw_w + size / bw_r))  # stays >= exact despite rounding
+        cost = size / bw_w + np.where(back, size / bw_r, 0.0)
+        score = quantize_array(ub * (1 + 1e-9) / cost)  # stays >= exact despite rounding
         keep = score > 0
         return list(zip((-score[keep]).tolist(), (-size[keep]).tolist(), candidates[keep].tolist(),
                         first[keep].tolist(), last[keep].tolist(), strict=True))
@@ -243,16 +265,15 @@ class _Planner:
 
         See NOTE [ Lazy greedy ] for ``tolerance``.
         """
-        p, hw = self.p, self.hw
-        useful = (p.end_op - p.start_op >= 4) & ~self.selected
+        p = self.p
+        # Out at s + 1 at the earliest, free from s + 2, back by e - 1 at the latest (or dead at e).
+        useful = (p.end_op - p.start_op >= np.where(p.reads_back, 4, 3)) & ~self.selected
         heap = self._initial_keys(np.flatnonzero(useful), target)
         heapq.heapify(heap)
-        bw = hw.channel_bw()
-        cost_per_byte = 1 / bw[f"{target}_write"] + 1 / bw[f"{target}_read"]
         while heap and self.num_over > 0:
             neg_key, neg_size, i, first, start = heapq.heappop(heap)
             size = -neg_size
-            per_cost = 1.0 / (size * cost_per_byte)
+            per_cost = 1.0 / (size * self._cost_per_byte(i, target))
             # Cheapest first: the bound over the window it had (windows only narrow), then the
             # bound over its current window, then the exact score; each is an upper bound of the
             # next (and the key it had stays one), so a candidate that loses at any step is
@@ -290,9 +311,16 @@ class _Planner:
 
     def _accept(self, i: int, target: str, first: int, start: int) -> None:
         p = self.p
-        s, e, size = int(p.start_op[i]), int(p.end_op[i]), float(p.size_bytes[i])
+        s, size = int(p.start_op[i]), float(p.size_bytes[i])
         self.channels[f"{target}_write"].reserve(s + 1, size)
-        self.channels[f"{target}_read"].reserve(start, size)
+        if p.reads_back[i]:
+            self.channels[f"{target}_read"].reserve(start, size)
+        self._add_move(i, target, first, start)
+
+    def _add_move(self, i: int, target: str, first: int, start: int) -> None:
+        """Record period ``i``'s move (bandwidth already reserved): memory free over ``[first, start)``."""
+        p = self.p
+        s, e, size = int(p.start_op[i]), int(p.end_op[i]), float(p.size_bytes[i])
         if target == "host":
             self._take_host(i)
         self._free_memory(first, start, size)
@@ -302,15 +330,17 @@ class _Planner:
             period=i, tensor_id=int(p.tensor_id[i]), size_bytes=int(size), target=target,
             start_op=s, end_op=e, offload_trigger=s + 1, offload_deadline=first,
             prefetch_trigger=start, prefetch_deadline=e, priority=len(self.moves),
+            reads_back=bool(p.reads_back[i]),
         ))
 
     # NOTE [ Stall fixes ]: when no candidate fits the bandwidth and memory is
     # still over capacity at op k, some tensor idle at k must be out before k
     # even if the op then waits for its offload (a stall; the transfer becomes
-    # urgent). Ops are fixed in order; at each, the idle tensors whose next use
-    # is furthest away go first (their prefetch has most time). If those run
-    # out, planned moves whose offload is still in flight at k get deadline k,
-    # and those whose prefetch has started by k start after k instead.
+    # urgent). Ops are fixed in order; at each, the idle tensors of trailing
+    # periods go first (nothing comes back), then those whose next use is
+    # furthest away (their prefetch has most time). If those run out, planned
+    # moves whose offload is still in flight at k get deadline k, and those
+    # whose prefetch has started by k start after k instead.
     def fix_with_stalls(self) -> None:
         p, n = self.p, self.n
         s, e = p.start_op, p.end_op
@@ -324,8 +354,9 @@ class _Planner:
         add, end, shift, who = add[ok], end[ok], shift[ok], who[ok]
         order = np.argsort(np.maximum(add, 0), kind="stable")
         add_at = np.maximum(add[order], 0).tolist()
-        events = list(zip((-end[order]).tolist(), who[order].tolist(), shift[order].tolist(), strict=True))
-        heap: list[tuple[int, int, int]] = []
+        events = list(zip(p.reads_back[who[order]].astype(int).tolist(), (-end[order]).tolist(),
+                          who[order].tolist(), shift[order].tolist(), strict=True))
+        heap: list[tuple[int, int, int, int]] = []
         nxt = 0
         for k in np.flatnonzero(self.over > 0).tolist():
             if self.over[k] <= 0:
@@ -334,7 +365,7 @@ class _Planner:
                 heapq.heappush(heap, events[nxt])
                 nxt += 1
             while self.over[k] > 0 and heap:
-                neg_end, i, sh = heapq.heappop(heap)
+                _, neg_end, i, sh = heapq.heappop(heap)
                 if -neg_end <= k or self.selected[i]:
                     continue
                 self._accept_stalling(i, k + sh)
@@ -352,22 +383,16 @@ class _Planner:
             target = "host" if host_done < ssd_done else "ssd"
         done = self.channels[f"{target}_write"].reserve(s + 1, size)
         first = min(done + 1, k)
+        if not p.reads_back[i]:
+            self._add_move(i, target, first, e)
+            return
         read = self.channels[f"{target}_read"]
         start = read.latest_start(e, size)
         if start <= k:  # the read channel is taken: the prefetch will be late, but not early
             start = read.latest_start_alone(e, size)
         start = min(max(start, k + 1), e)
-        self.channels[f"{target}_read"].reserve(start, size)
-        if target == "host":
-            self._take_host(i)
-        self._free_memory(first, start, size)
-        self.selected[i] = True
-        self.windows.append((first, start))
-        self.moves.append(Move(
-            period=i, tensor_id=int(p.tensor_id[i]), size_bytes=int(size), target=target,
-            start_op=s, end_op=e, offload_trigger=s + 1, offload_deadline=first,
-            prefetch_trigger=start, prefetch_deadline=e, priority=len(self.moves),
-        ))
+        read.reserve(start, size)
+        self._add_move(i, target, first, start)
 
     def _stretch_moves(self, k: int) -> None:
         """Widen planned windows to cover op ``k`` (see NOTE [ Stall fixes ])."""

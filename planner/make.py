@@ -75,7 +75,8 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
         "slowdown": sim.slowdown,
         "stall_us": sim.stall_us,
         "num_stalled_ops": sim.num_stalls,
-        "num_migrations": 2 * len(moves),
+        "num_migrations": sum(1 + mv.reads_back for mv in moves),
+        "num_offload_only": sum(not mv.reads_back for mv in moves),
         "num_urgent": sum(mv.urgent_offload + mv.urgent_prefetch for mv in moves),
         "bytes_to_ssd": to["ssd"],
         "bytes_to_host": to["host"],
@@ -102,6 +103,7 @@ def migrations_of(rank_plan: RankPlan) -> list[Migration]:
         common: dict[str, Any] = {
             "tensor_id": mv.tensor_id, "size_bytes": mv.size_bytes, "place": mv.target,
             "wraps": wraps, "period_start_op": mv.start_op, "period_end_op": mv.end_op,
+            "name": rank_plan.problem.names.get(mv.tensor_id),
         }
         off_start, off_end = _when(sim.offload_us[i])
         pre_start, pre_end = _when(sim.prefetch_us[i])
@@ -110,6 +112,8 @@ def migrations_of(rank_plan: RankPlan) -> list[Migration]:
             action="offload", trigger_op=_fold(mv.offload_trigger, n),
             deadline_op=_fold(off_deadline, n), start_us=off_start, end_us=off_end,
             urgent=mv.urgent_offload, priority=mv.priority, **common)))
+        if not mv.reads_back:
+            continue  # a trailing period: the storage dies out there (planner.plan)
         out.append((_fold(mv.prefetch_trigger, n), mv.read_priority, Migration(
             action="prefetch", trigger_op=_fold(mv.prefetch_trigger, n),
             deadline_op=_fold(mv.prefetch_deadline, n), start_us=pre_start, end_us=pre_end,

@@ -16,7 +16,10 @@ priority). Each migration is a dict:
 - ``priority``: the order in which the planner reserved bandwidth; serving
   pending transfers of a channel in this order (lower first) reproduces the
   predicted times;
-- ``wraps``, ``period_start_op``, ``period_end_op``: the inactive period moved.
+- ``wraps``, ``period_start_op``, ``period_end_op``: the inactive period moved;
+- ``name`` (only for named tensors: parameters, gradients, optimizer state):
+  the tensor's name in the profile, which lets the runtime find a storage
+  whose id changes at the boundary (NOTE [ Offloads without a prefetch ]).
 
 NOTE [ Op indices in plans ]: every ``trigger_op`` and ``deadline_op`` is an
 op index of one iteration, in ``[0, num_ops)``; the runtime applies the same
@@ -29,6 +32,18 @@ of the iteration after the one that offloaded it (so a prefetch whose tensor
 was not offloaded, as in the first iteration, finds nothing to do). For every
 migration, ``trigger_op`` and ``deadline_op`` lie on the period's ops
 ``period_start_op + 1 .. period_end_op`` folded modulo ``num_ops``.
+
+NOTE [ Offloads without a prefetch ]: an offload with no prefetch of the same
+``tensor_id`` and ``period_start_op`` moves a *trailing* period (NOTE [
+Trailing periods ] in ``planner.problem``): the storage is not used again
+before it dies, and ``period_end_op`` is the op at which it is no longer alive
+(``>= num_ops``, with ``wraps: true``, when it dies in a later iteration, as
+gradients freed by the next iteration's ``zero_grad(set_to_none=True)``).
+The runtime leaves such a tensor out: if something touches it anyway it is
+faulted in on demand, and its copy is deleted when the storage dies. A
+gradient made in backward is such a tensor: it gets its persistent name (and
+id) at the boundary, and ``name`` is how the runtime finds it there when the
+iteration before did not follow the plan.
 """
 
 from __future__ import annotations
@@ -66,15 +81,19 @@ class Migration:
     wraps: bool
     period_start_op: int
     period_end_op: int
+    name: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "tensor_id": self.tensor_id, "size_bytes": self.size_bytes, "action": self.action,
             _ACTIONS[self.action]: self.place, "trigger_op": self.trigger_op,
             "deadline_op": self.deadline_op, "start_us": self.start_us, "end_us": self.end_us,
             "urgent": self.urgent, "priority": self.priority, "wraps": self.wraps,
             "period_start_op": self.period_start_op, "period_end_op": self.period_end_op,
         }
+        if self.name is not None:
+            d["name"] = self.name
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], num_ops: int | None) -> Migration:
@@ -91,6 +110,7 @@ class Migration:
             urgent=bool(d.get("urgent", False)), priority=int(d.get("priority", 0)),
             wraps=bool(d.get("wraps", False)), period_start_op=int(d.get("period_start_op", -1)),
             period_end_op=int(d.get("period_end_op", -1)),
+            name=None if d.get("name") is None else str(d["name"]),
         )
         if m.size_bytes < 0:
             raise ValueError(f"negative size_bytes {m.size_bytes}")

@@ -7,11 +7,18 @@ iteration) has ``start_op < num_ops <= end_op < 2 * num_ops``; everything the
 planner computes about it (windows, bandwidth, memory) lives on this unrolled
 axis ``[0, 2 * num_ops)`` and is folded back modulo ``num_ops``, because every
 iteration runs the same plan.
+
+NOTE [ Trailing periods ]: a period with ``reads_back`` false runs from a
+storage's last access to its death: ``end_op`` is the op at which it is no
+longer alive (``>= num_ops``: it dies in the next iteration), not a use. Such
+a tensor can be offloaded and never prefetched: it costs only the write, and
+its memory is free from the end of the offload until ``end_op``, where the
+memory curve drops it anyway (``profiles.views.inactive_periods``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,6 +46,11 @@ class PlanProblem:
     kind: np.ndarray  # (num_periods,) object: the tensor kind (param, activation, ...)
     start_op: np.ndarray  # (num_periods,) int64: last op that uses it before the gap
     end_op: np.ndarray  # (num_periods,) int64: next op that uses it; >= num_ops wraps
+    # (num_periods,) bool: false for a trailing period, whose end_op is the storage's death
+    # (NOTE [ Trailing periods ]).
+    reads_back: np.ndarray
+    # tensor id -> name (parameter, gradient, optimizer state) for the named tensors moved
+    names: dict[int, str] = field(default_factory=dict)
 
     @property
     def num_ops(self) -> int:
@@ -63,6 +75,8 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
     kernels = profile.kernels_of(rank, iteration)
     periods = inactive_periods(profile, rank, iteration)
     periods = periods[periods["size_bytes"] > 0]
+    tensors = profile.tensors_of(rank)
+    named = tensors[tensors["name"].notna() & tensors["tensor_id"].isin(periods["tensor_id"])]
     return PlanProblem(
         rank=rank,
         signature=str(profile.meta.get("signature", "")),
@@ -77,6 +91,8 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
         kind=periods["kind"].to_numpy(object),
         start_op=periods["start_op"].to_numpy(np.int64),
         end_op=periods["end_op"].to_numpy(np.int64),
+        reads_back=periods["reads_back"].to_numpy(bool),
+        names=dict(zip(named["tensor_id"].astype(int), named["name"].astype(str), strict=True)),
     )
 
 
@@ -100,8 +116,8 @@ def resident_need_bytes(problem: PlanProblem) -> np.ndarray:
     """(num_ops,) int64: bytes that must be resident at each op whatever the plan moves.
 
     That is the live bytes minus those of tensors idle at that op (strictly
-    inside one of their inactive periods); it includes the op's own inputs and
-    outputs.
+    inside one of their inactive periods, trailing ones included); it includes
+    the op's own inputs and outputs.
     """
     idle = np.zeros(problem.num_ops, np.int64)
     cyclic_add(idle, problem.start_op + 1, problem.end_op, problem.size_bytes)

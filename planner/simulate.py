@@ -16,6 +16,11 @@ cancels it: the storage is kept and the rest of the write is dropped (with its
 host buffer). Host memory is held from an offload's start to the end of its
 prefetch.
 
+A move that does not read back (a trailing period, NOTE [ Trailing periods ]
+in ``planner.problem``) is never prefetched: at its ``end_op`` the storage
+dies, the memory curve no longer counts it, and its offloaded copy (host
+buffer included) is dropped; an offload still in flight then is cancelled.
+
 The plan repeats every iteration; ``num_iterations`` consecutive iterations
 are simulated from a state where everything is resident, and the last one is
 reported (the steady state, with the previous iteration's wrap-around
@@ -38,7 +43,7 @@ __all__ = ["SimResult", "simulate"]
 _CHANNELS = ("ssd_write", "ssd_read", "host_write", "host_read")
 _TOL = 1e-6  # bytes
 # Per-instance state of a move.
-_IDLE, _OFFLOADING, _OUT, _CANCELLED, _FETCHING, _BACK = range(6)
+_IDLE, _OFFLOADING, _OUT, _CANCELLED, _FETCHING, _BACK, _DEAD = range(7)
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,6 +106,7 @@ class _Sim:
         self.t_end = [float("nan")] * total
         self.size = [float(m.size_bytes) for m in moves]
         self.host = [m.target == "host" for m in moves]
+        self.reads_back = [m.reads_back for m in moves]
         self.write_ch = ["host_write" if h else "ssd_write" for h in self.host]
         self.read_ch = ["host_read" if h else "ssd_read" for h in self.host]
         self.key_off = [(0 if m.urgent_offload else 1, m.priority) for m in moves]
@@ -188,6 +194,9 @@ class _Sim:
     def _start_prefetch(self, inst: int) -> None:
         m = inst % self.nm
         st = self.state[inst]
+        if not self.reads_back[m]:
+            self._die(inst)
+            return
         if st == _OFFLOADING:
             self.state[inst] = _CANCELLED
             tid = inst * 2
@@ -204,6 +213,22 @@ class _Sim:
         self.remaining[tid] = self.size[m]
         self.t_start[tid] = self.now
         heapq.heappush(self.heaps[self.read_ch[m]], (self.key_pre[m], tid))
+
+    def _die(self, inst: int) -> None:
+        """The storage of a trailing move's instance is freed: drop its copy or its write."""
+        m = inst % self.nm
+        st = self.state[inst]
+        if st == _OFFLOADING:
+            tid = inst * 2
+            self.remaining[tid] = 0.0
+            self.t_end[tid] = self.now
+        elif st == _OUT:
+            self.offloaded -= self.size[m]
+        else:
+            return  # never offloaded (the first iteration's wrap-around deaths)
+        self.state[inst] = _DEAD
+        if self.host[m]:
+            self.host_used -= self.size[m]
 
     def _schedule(self) -> tuple[list[list[int]], list[list[int]], list[list[int]], list[list[int]]]:
         """Per global op: offload and prefetch starts, offload and prefetch deadlines (instance ids)."""

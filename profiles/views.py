@@ -62,15 +62,27 @@ def active_bytes(profile: Profile, rank: int = 0, iteration: int | None = None) 
 
 
 def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = None) -> pd.DataFrame:
-    """Every gap between two consecutive accesses of a storage that spans at least one op.
+    """Every stretch in which a storage is alive but unused, spanning at least one op.
 
     Columns: ``tensor_id, size_bytes, kind, start_op`` (the last op that
-    accesses it before the gap), ``end_op`` (the next op that accesses it;
-    ``>= num_ops`` means that op of the next iteration), ``num_ops`` (ops
-    strictly inside the gap), ``duration_us`` (from the end of ``start_op`` to
-    the start of ``end_op``), ``wraps``. Storages alive across the iteration
-    boundary (``alloc_op == free_op == -1``) get the gap from their last access
-    to their first access of the next iteration.
+    accesses it before the stretch), ``end_op``, ``num_ops`` (ops strictly
+    inside the stretch), ``duration_us`` (from the end of ``start_op`` to the
+    start of ``end_op``), ``wraps`` (``end_op >= num_ops``: ``end_op`` is op
+    ``end_op - num_ops`` of the next iteration) and ``reads_back``.
+
+    With ``reads_back`` true, ``end_op`` is the next op that accesses the
+    storage: a gap between two consecutive accesses, or, for a storage alive
+    across the iteration boundary (``alloc_op == free_op == -1``, or a wrapping
+    lifetime accessed on both sides of the boundary, see NOTE [ Wrapping
+    lifetimes ] in ``profiles.schema``), the gap from its last access before
+    the boundary to its first access after it. With ``reads_back`` false (a
+    *trailing* period), ``end_op`` is the op at which the storage is no longer
+    alive and nothing accesses it from ``start_op`` on: from its last access
+    to ``free_op``, or to ``num_ops`` when it outlives the iteration
+    (``free_op == -1``), or to ``free_op + num_ops`` for a wrapping lifetime
+    not accessed before its ``free_op``. A storage that is alive before its
+    first access in the iteration (``alloc_op == -1``) has no period for that
+    stretch.
     """
     kernels = profile.kernels_of(rank, iteration)
     num_ops = len(kernels)
@@ -78,34 +90,51 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     end_us = start_us + kernels["duration_us"].to_numpy(np.float64)
     iter_us = float(end_us.max()) if num_ops else 0.0
 
+    tensors = profile.tensors_of(rank).set_index("tensor_id")
     acc = profile.accesses_of(rank, iteration)[["tensor_id", "op_index"]]
     acc = acc.drop_duplicates().sort_values(["tensor_id", "op_index"])
     tid = acc["tensor_id"].to_numpy(np.int64)
     op = acc["op_index"].to_numpy(np.int64)
+    row = tensors.index.get_indexer(pd.Index(tid))
+    if (row < 0).any():
+        raise ValueError(f"accesses of tensor ids not in the tensors table: {sorted(set(tid[row < 0]))[:5]}")
+    alloc = tensors["alloc_op"].to_numpy(np.int64)[row]  # per access, of its storage
+    free = tensors["free_op"].to_numpy(np.int64)[row]
+    resident = (alloc < 0) & (free < 0)
+    wrapping = (alloc >= 0) & (free >= 0) & (free <= alloc)
+    # A wrapping storage's accesses before its free_op are of the previous iteration's copy.
+    part = (wrapping & (op >= free)).astype(np.int64)
 
-    same = tid[1:] == tid[:-1]
+    # Gaps between consecutive accesses of one copy (a copy's death is no gap).
+    same = (tid[1:] == tid[:-1]) & ~((free[:-1] >= 0) & (op[:-1] < free[:-1]) & (free[:-1] <= op[1:]))
     gap = same & (op[1:] - op[:-1] >= 2)
-    starts, ends, tids = op[:-1][gap], op[1:][gap], tid[:-1][gap]
+    periods = [(tid[:-1][gap], op[:-1][gap], op[1:][gap], True)]
 
-    tensors = profile.tensors_of(rank).set_index("tensor_id")
-    resident = tensors.index[(tensors["alloc_op"] < 0) & (tensors["free_op"] < 0)]
-    if len(tid):
-        first_of = np.r_[True, tid[1:] != tid[:-1]]
-        last_of = np.r_[tid[1:] != tid[:-1], True]
-        w_tid, w_last, w_first = tid[last_of], op[last_of], op[first_of] + num_ops
-        keep = np.isin(w_tid, resident.to_numpy()) & (w_first - w_last >= 2)
-        w_tid, w_last, w_first = w_tid[keep], w_last[keep], w_first[keep]
+    # Per copy (a run of accesses of one storage and part): its first and last access.
+    new_copy = np.r_[True, (tid[1:] != tid[:-1]) | (part[1:] != part[:-1])] if len(tid) else np.zeros(0, bool)
+    first_idx = np.flatnonzero(new_copy)
+    last_idx = np.r_[first_idx[1:] - 1, len(tid) - 1].astype(np.int64) if len(tid) else first_idx
+    c_tid, c_last, c_first = tid[first_idx], op[last_idx], op[first_idx]
+    c_res, c_wrap, c_part, c_free = resident[first_idx], wrapping[first_idx], part[first_idx], free[first_idx]
+    # The copy before, when it is the previous iteration's copy of the same storage.
+    has_old = np.r_[False, (c_tid[1:] == c_tid[:-1]) & (c_part[:-1] == 0)] & c_wrap & (c_part == 1)
+    old_first = np.r_[0, c_first[:-1]]
+    wrap_end = np.where(c_res, c_first, old_first) + num_ops
+    w = (c_res | has_old) & (wrap_end - c_last >= 2)
+    periods.append((c_tid[w], c_last[w], wrap_end[w], True))
+    death = np.where(c_wrap, c_free + num_ops * c_part, np.where(c_free < 0, num_ops, c_free))
+    t = ~(c_res | has_old) & (death - c_last >= 2)
+    periods.append((c_tid[t], c_last[t], death[t], False))
+
+    tensor_id = np.concatenate([p[0] for p in periods]).astype(np.int64)
+    start_op = np.concatenate([p[1] for p in periods]).astype(np.int64)
+    end_op = np.concatenate([p[2] for p in periods]).astype(np.int64)
+    reads_back = np.concatenate([np.full(len(p[0]), p[3]) for p in periods]).astype(bool)
+    if num_ops:
+        next_start = start_us[end_op % num_ops] + (end_op // num_ops) * iter_us
+        duration = next_start - end_us[start_op]
     else:
-        w_tid = w_last = w_first = np.zeros(0, np.int64)
-
-    start_op = np.concatenate([starts, w_last])
-    end_op = np.concatenate([ends, w_first])
-    tensor_id = np.concatenate([tids, w_tid])
-    wraps = np.r_[np.zeros(len(starts), bool), np.ones(len(w_tid), bool)]
-    next_start = np.where(
-        wraps, start_us[end_op % max(num_ops, 1)] + iter_us, start_us[np.minimum(end_op, num_ops - 1)]
-    ) if num_ops else np.zeros(0)
-    duration = next_start - end_us[start_op] if num_ops else np.zeros(0)
+        duration = np.zeros(0)
     info = tensors.loc[tensor_id]
     return pd.DataFrame(
         {
@@ -116,6 +145,7 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
             "end_op": end_op,
             "num_ops": end_op - start_op - 1,
             "duration_us": np.maximum(duration, 0.0),
-            "wraps": wraps,
+            "wraps": end_op >= num_ops,
+            "reads_back": reads_back,
         }
     )
