@@ -79,6 +79,27 @@ def batch(gen: torch.Generator, vocab: int, size: int, seq: int, device: str) ->
     return tokens.to(device)
 
 
+def reset_peak_rss() -> None:
+    """Restart the kernel's peak-RSS counter (Linux: proc(5), /proc/pid/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mib() -> float | None:
+    """Peak RSS since the last reset (VmHWM), in MiB; None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=4)
@@ -92,7 +113,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--save", help="write the final parameters here (torch.save of state_dict)")
-    p.add_argument("--timing", action="store_true", help="also print each step's wall time")
+    p.add_argument("--timing", action="store_true",
+                   help="also print each step's wall time and, on Linux, its peak RSS (MiB)")
     args = p.parse_args()
     if args.hidden % args.heads:
         p.error("--hidden must be a multiple of --heads")
@@ -102,6 +124,8 @@ def main() -> None:
     model = GPT(args.vocab, args.seq, args.layers, args.hidden, args.heads).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     for step in range(args.steps):
+        if args.timing:
+            reset_peak_rss()
         t0 = time.perf_counter()
         tokens = batch(gen, args.vocab, args.batch, args.seq, args.device)
         logits = model(tokens[:, :-1])
@@ -112,6 +136,9 @@ def main() -> None:
         line = f"step {step} loss {loss.item()!r}"
         if args.timing:
             line += f" time_ms {(time.perf_counter() - t0) * 1e3:.3f}"
+            rss = peak_rss_mib()
+            if rss is not None:
+                line += f" peak_rss_mib {rss:.1f}"
         print(line, flush=True)
     if args.save:
         torch.save(model.state_dict(), args.save)

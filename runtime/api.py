@@ -19,7 +19,7 @@ from profiles.errors import TeraioError
 from runtime.backends import Backend, HostBackend, KvikioBackend, PosixBackend
 from runtime.engine import MigrationEngine
 from runtime.executor import Move, PlanExecutor
-from runtime.memory import peak_rss_bytes, tune_malloc
+from runtime.memory import peak_rss_bytes, reset_peak_rss
 
 __all__ = ["RunPlan", "load_run_plan", "make_backends", "offload"]
 
@@ -56,17 +56,15 @@ def load_run_plan(path: str | os.PathLike[str], rank: int = 0) -> RunPlan:
     try:
         ranks = doc["ranks"]
         entries = ranks[str(rank)]
-        # An offload triggered after its own prefetch (folded into one iteration) is of a
-        # period that spans the boundary: the tensor is out when an iteration begins.
+        num_ops = int(doc.get("num_ops", {}).get(str(rank), 0)) or None
         prefetch_at = {(m["tensor_id"], m.get("period_start_op")): int(m["trigger_op"])
                        for m in entries if m["action"] == "prefetch"}
         moves = [
             Move(tensor_id=int(m["tensor_id"]), action=str(m["action"]),
                  target=str(m.get("target") or m.get("source")), trigger_op=int(m["trigger_op"]),
                  deadline_op=int(m["deadline_op"]), size_bytes=int(m["size_bytes"]),
-                 urgent=bool(m.get("urgent", False)),
-                 out_at_boundary=m["action"] == "offload" and bool(m.get("wraps")) and int(m["trigger_op"])
-                 > prefetch_at.get((m["tensor_id"], m.get("period_start_op")), int(m["trigger_op"])))
+                 urgent=bool(m.get("urgent", False)), name=m.get("name"),
+                 out_at_boundary=m["action"] == "offload" and _out_at_boundary(m, prefetch_at, num_ops))
             for m in entries
         ]
         op_names = doc.get("op_names", {}).get(str(rank))
@@ -78,6 +76,25 @@ def load_run_plan(path: str | os.PathLike[str], rank: int = 0) -> RunPlan:
         raise PlanFileError(f"{p}: an action other than offload or prefetch")
     return RunPlan(str(doc.get("signature", "")), moves, op_names,
                    int(host) if host is not None else None, dict(doc.get("summary", {})))
+
+
+def _out_at_boundary(offload: dict[str, Any], prefetch_at: dict[tuple[Any, Any], int],
+                     num_ops: int | None) -> bool:
+    """Whether the plan has this offload's tensor out when an iteration begins.
+
+    That is a period that spans the boundary (``wraps``) whose offload is triggered
+    before it: after its own prefetch once both are folded into one iteration, or,
+    with no prefetch (a trailing period, NOTE [ Offloads without a prefetch ] in
+    ``planner.plan``), at ``period_start_op + 1`` still inside the iteration.
+    """
+    if not offload.get("wraps"):
+        return False
+    trigger = int(offload["trigger_op"])
+    prefetch = prefetch_at.get((offload["tensor_id"], offload.get("period_start_op")))
+    if prefetch is not None:
+        return trigger > prefetch
+    start = offload.get("period_start_op")
+    return num_ops is not None and start is not None and int(start) + 1 < num_ops
 
 
 def make_backends(backend: str, swap_dir: str | os.PathLike[str] | None,
@@ -115,13 +132,12 @@ def offload(plan: str | os.PathLike[str] | RunPlan, *, swap_dir: str | os.PathLi
     """
     run_plan = plan if isinstance(plan, RunPlan) else load_run_plan(plan)
     host_bytes = host_mem_bytes or run_plan.host_mem_bytes or DEFAULT_HOST_POOL_BYTES
-    if torch.cuda.is_available() is False:
-        tune_malloc()
     backends = make_backends(backend, swap_dir, min(host_bytes, DEFAULT_HOST_POOL_BYTES * 64))
     engine = MigrationEngine(num_workers)
     executor = PlanExecutor(run_plan.moves, run_plan.op_names, backends, engine, follow_from)
     old_term = _term_as_exit()
     t0 = time.perf_counter()
+    reset_peak_rss()
     try:
         with executor:
             yield executor
@@ -152,11 +168,15 @@ def run_report(executor: PlanExecutor, plan: RunPlan, wall_s: float) -> dict[str
     # Iteration 0 is never followed (see runtime.executor): its peak is reported apart.
     peaks = s.iteration_peak_bytes
     followed = peaks[executor.follow_from:] or peaks or [s.peak_tracked_bytes]
+    rss = s.iteration_peak_rss_bytes
+    followed_rss = rss[executor.follow_from:] or rss or [peak_rss_bytes()]
     return {
         "peak_tracked_bytes": max(followed),
         "first_iteration_peak_bytes": peaks[0] if peaks else None,
         "iteration_peak_bytes": peaks,
-        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_bytes": max(followed_rss),
+        "whole_run_peak_rss_bytes": peak_rss_bytes(),
+        "iteration_peak_rss_bytes": rss,
         "stalls": s.stalls,
         "stall_s": s.stall_s,
         "on_demand_fetches": s.on_demand_fetches,

@@ -24,8 +24,9 @@ import torch
 from runtime.backends import Backend, BackendFull
 from runtime.engine import Job, MigrationEngine
 from runtime.errors import PlanMismatchError, StorageIOError
-from runtime.memory import trim
+from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.storage import byte_view, free_storage, realloc_storage
+from torch_patch.identity import PRODUCED_BASE
 from torch_patch.opstream import OpInfo, OpStream
 
 __all__ = ["Move", "PlanExecutor", "Residency"]
@@ -51,6 +52,7 @@ class Move:
     size_bytes: int
     urgent: bool = False
     out_at_boundary: bool = False  # an offload whose period spans the iteration boundary
+    name: str | None = None  # a named tensor's name (parameter, gradient, optimizer state)
 
 
 @dataclass(eq=False)
@@ -80,6 +82,7 @@ class RunStats:
     peak_tracked_bytes: int = 0  # since the last iteration boundary
     iteration_s: list[float] = field(default_factory=list)
     iteration_peak_bytes: list[int] = field(default_factory=list)
+    iteration_peak_rss_bytes: list[int] = field(default_factory=list)
 
 
 class PlanExecutor(OpStream):
@@ -341,10 +344,34 @@ class PlanExecutor(OpStream):
 
     def begin_iteration(self) -> None:
         # The unfollowed iteration before the first followed one kept resident what the
-        # plan has out across the boundary: send it out now, first in line.
+        # plan has out across the boundary: send it out now and wait (one stall), so the
+        # first followed iteration starts with the memory the plan expects.
         if self.iteration == self.follow_from and self.diverged is None:
-            for m in self.carried_out:
-                self._start(replace(m, urgent=True))
+            out = self._carried_out_now()
+            for m in out:
+                self._start(m)
+            for m in out:
+                entry = self.moved.get(m.tensor_id)
+                if entry is not None and entry.state is Residency.OFFLOADING:
+                    self._wait(entry)
+        self.stats.peak_tracked_bytes = self.stats.tracked_bytes  # the new iteration's peak
+
+    def _carried_out_now(self) -> list[Move]:
+        """The plan's offloads out across the boundary, with the ids their storages have now.
+
+        Persistent ids are stable. A transient one (a gradient made in backward, named
+        at the boundary) is the id of the iteration that made it; it is found by its
+        name, or not at all (it is then out once it dies).
+        """
+        by_name = {name: tid for tid, (name, _) in self.persistent.items()}
+        out = []
+        for m in self.carried_out:
+            tid = by_name.get(m.name, -1) if m.name is not None else -1
+            if tid < 0 and m.tensor_id < PRODUCED_BASE:
+                tid = m.tensor_id
+            if tid >= 0:
+                out.append(replace(m, tensor_id=tid, urgent=True))
+        return out
 
     def end_iteration(self) -> None:
         if self.diverged is not None and not self.divergence_reported:
@@ -355,15 +382,18 @@ class PlanExecutor(OpStream):
         now = time.perf_counter()
         self.stats.iteration_s.append(now - self._iter_t0)
         self.stats.iteration_peak_bytes.append(self.stats.peak_tracked_bytes)
-        self.stats.peak_tracked_bytes = self.stats.tracked_bytes
         self._iter_t0 = now
+        rss = peak_rss_since_reset()
+        if rss is not None:
+            self.stats.iteration_peak_rss_bytes.append(rss)
         if self.following and self.op_names is not None:
             if self.op_index != len(self.op_names):
                 self._diverge(f"iteration {self.iteration}: {self.op_index} ops, the plan "
                               f"expects {len(self.op_names)}")
             else:
                 self.matched_iterations += 1
-        trim()
+        trim()  # see NOTE [ malloc on CPU ]: without it the heap only grows
+        reset_peak_rss()
 
     def __exit__(self, *exc: Any) -> None:
         try:

@@ -1,9 +1,15 @@
 """Process memory on CPU: give freed blocks back to the OS, and read peak RSS.
 
-glibc keeps freed heap memory unless told otherwise, and its mmap threshold
-grows after large frees, so without tuning, RSS never shows an offload. With
-a fixed 64 KiB mmap threshold every tensor-sized block is its own mapping and
-``free`` unmaps it (mallopt(3): M_MMAP_THRESHOLD, M_TRIM_THRESHOLD).
+NOTE [ malloc on CPU ]: the memory an offload frees goes back to glibc's free
+lists and the next allocations reuse it, so peak RSS falls with the tracked
+peak without tuning malloc (example GPT at a 50% budget: 457 MiB against 728
+MiB plain). A small fixed mmap threshold (mallopt M_MMAP_THRESHOLD = 64 KiB)
+would return every block to the OS at once, but each allocation then faults
+in fresh zeroed pages: measured 1.7x slower on the same example even without
+teraio. So we trim (malloc_trim(3)) at iteration boundaries instead: without
+it, the heap grows with the offload pattern's fragmentation (880 MiB measured
+against 463 MiB with it, and 728 MiB plain); it costs about 70 ms an iteration
+on that example, as later allocations fault their pages in again.
 """
 
 from __future__ import annotations
@@ -13,10 +19,8 @@ import ctypes.util
 import resource
 import sys
 
-__all__ = ["peak_rss_bytes", "trim", "tune_malloc"]
+__all__ = ["peak_rss_bytes", "peak_rss_since_reset", "reset_peak_rss", "trim"]
 
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
 _libc: ctypes.CDLL | None = None
 
 
@@ -33,15 +37,6 @@ def _glibc() -> ctypes.CDLL | None:
     return _libc
 
 
-def tune_malloc(mmap_threshold: int = 64 << 10) -> bool:
-    """Make glibc return freed tensor memory to the OS. True if it took effect."""
-    libc = _glibc()
-    if libc is None:
-        return False
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1
-    return bool(ok and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 20) == 1)
-
-
 def trim() -> None:
     libc = _glibc()
     if libc is not None:
@@ -51,3 +46,26 @@ def trim() -> None:
 def peak_rss_bytes() -> int:
     """The process's peak resident set size so far (Linux reports KiB)."""
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Restart the kernel's peak-RSS counter (Linux >= 4.0: writing 5 to
+    /proc/self/clear_refs, proc(5)). True if it took effect."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_since_reset() -> int | None:
+    """Peak RSS since the last ``reset_peak_rss`` (VmHWM), in bytes; None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

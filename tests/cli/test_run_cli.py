@@ -1,0 +1,72 @@
+"""The whole chain through the command line: profile, plan at a budget, run; same results, less memory."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner import problem_from_profile
+from planner.problem import resident_need_bytes
+from profiles import read_profile
+from tests.conftest import EXAMPLE, SMALL_GPT, run_teraio
+
+STEPS = ["--steps", "6"]
+
+
+def losses(stdout: str) -> list[str]:
+    return re.findall(r"^step \d+ loss (\S+)$", stdout, re.M)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], dict[str, torch.Tensor]]:
+    """Losses and final parameters of the example trained without teraio."""
+    out = tmp_path_factory.mktemp("plain") / "model.pt"
+    r = subprocess.run([sys.executable, str(EXAMPLE), *SMALL_GPT, *STEPS, "--save", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert len(losses(r.stdout)) == 6
+    return losses(r.stdout), torch.load(out)
+
+
+def budgets(profile_dir: Path) -> dict[str, int]:
+    """75% and 50% of the profiled peak, and the smallest budget any plan can meet."""
+    problem = problem_from_profile(read_profile(profile_dir))
+    peak = int(problem.memory_bytes.max())
+    return {"75%": int(peak * 0.75), "50%": int(peak * 0.5), "min": int(resident_need_bytes(problem).max())}
+
+
+@pytest.mark.parametrize("backend", ["posix", "host"])
+@pytest.mark.parametrize("share", ["75%", "50%", "min"])
+def test_run_under_a_plan_is_bit_identical_and_within_budget(
+        gpt_profile: Path, plain: tuple[list[str], dict[str, torch.Tensor]], tmp_path: Path,
+        share: str, backend: str) -> None:
+    budget = budgets(gpt_profile)[share]
+    r = run_teraio("plan", gpt_profile, "--gpu-mem", str(budget), "--ssd-bw", "2", "--host-mem", "64M",
+                   "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["summary"]["fits"] and plan["ranks"]["0"], "the plan moves nothing"
+
+    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--backend", backend, "--swap-dir", tmp_path,
+                   "--report", tmp_path / "run.json", EXAMPLE, "--", *SMALL_GPT, *STEPS,
+                   "--save", tmp_path / "model.pt")
+    assert r.returncode == 0, r.stderr
+    plain_losses, plain_params = plain
+    assert losses(r.stdout) == plain_losses
+    params = torch.load(tmp_path / "model.pt")
+    assert params.keys() == plain_params.keys()
+    for name, value in plain_params.items():
+        assert torch.equal(params[name], value), name
+
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert sum(report["bytes_written"].values()) > 0 and sum(report["bytes_read"].values()) > 0
+    assert report["diverged_at"] is None
+    # every followed iteration (1 on) stays within 5% of the budget
+    assert report["peak_tracked_bytes"] <= budget * 1.05
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("teraio-swap")] == []
