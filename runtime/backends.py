@@ -299,16 +299,32 @@ class KvikioBackend:
     def where(self, key: int) -> str:
         return str(self.dir / f"{key}.bin")
 
+    # kvikio takes device buffers (``__cuda_array_interface__``) or host buffers (the buffer
+    # protocol, which CPU tensors lack), and raises RuntimeError where the OS said errno.
     def write(self, key: int, src: torch.Tensor) -> None:
-        with self._kvikio.CuFile(self.where(key), "w") as f:
-            n = f.pwrite(src).get()
+        buf = src if src.is_cuda else _host_bytes(src)
+        try:
+            with self._kvikio.CuFile(self.where(key), "w") as f:
+                n = f.pwrite(buf).get()
+            os.chmod(self.where(key), 0o600)
+        except RuntimeError as exc:
+            raise OSError(f"kvikio write of {self.where(key)}: {exc}") from None
         if n != src.numel():
             raise BackendFull(28, f"short write: {n} of {src.numel()} bytes")
-        os.chmod(self.where(key), 0o600)
 
     def read(self, key: int, dst: torch.Tensor) -> None:
-        with self._kvikio.CuFile(self.where(key), "r") as f:
-            n = f.pread(dst).get()
+        path = self.where(key)
+        if not os.path.exists(path):
+            raise FileNotFoundError(2, "no such swap file", path)
+        size = os.stat(path).st_size
+        if size < dst.numel():
+            raise OSError(f"file holds {size} bytes, expected {dst.numel()} (truncated?)")
+        buf = dst if dst.is_cuda else _host_bytes(dst)
+        try:
+            with self._kvikio.CuFile(path, "r") as f:
+                n = f.pread(buf).get()
+        except RuntimeError as exc:
+            raise OSError(f"kvikio read of {path}: {exc}") from None
         if n != dst.numel():
             raise OSError(f"short read: {n} of {dst.numel()} bytes")
 

@@ -98,7 +98,7 @@ def test_deleted_swap_file_is_a_named_error(plan: RunPlan, tmp_path: Path) -> No
                 f.unlink()
 
     with pytest.raises(StorageIOError, match=r"tensor \d+: cannot read it back from .*\.bin"):
-        with offload(plan, swap_dir=tmp_path) as ex:
+        with offload(plan, swap_dir=tmp_path, backend="posix") as ex:
             train(6, hook=delete_swap_files)
     assert not list(tmp_path.iterdir())
 
@@ -111,7 +111,7 @@ def test_truncated_swap_file_is_a_named_error(plan: RunPlan, tmp_path: Path) -> 
                 os.truncate(f, 0)
 
     with pytest.raises(StorageIOError, match="truncated"):
-        with offload(plan, swap_dir=tmp_path) as ex:
+        with offload(plan, swap_dir=tmp_path, backend="posix") as ex:
             train(6, hook=truncate_swap_files)
 
 

@@ -26,7 +26,7 @@ TINY_T5 = EncoderDecoderConfig(vocab_size=64, d_model=16, d_ff=32, d_kv=8, num_h
 def profile_example(tracer: Tracer) -> Profile:
     torch.manual_seed(0)
     with pytest.raises(ProfileComplete), tracer:
-        run_script(EXAMPLE, [*SMALL_GPT, "--steps", "6"])
+        run_script(EXAMPLE, [*SMALL_GPT, "--steps", "6", "--device", "cpu"])
     return tracer.profile({})
 
 
