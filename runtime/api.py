@@ -170,13 +170,16 @@ def run_report(executor: PlanExecutor, plan: RunPlan, wall_s: float) -> dict[str
     followed = peaks[executor.follow_from:] or peaks or [s.peak_tracked_bytes]
     rss = s.iteration_peak_rss_bytes
     followed_rss = rss[executor.follow_from:] or rss or [peak_rss_bytes()]
+    cuda = s.iteration_peak_cuda_bytes
     return {
         "peak_tracked_bytes": max(followed),
         "first_iteration_peak_bytes": peaks[0] if peaks else None,
         "iteration_peak_bytes": peaks,
         "peak_rss_bytes": max(followed_rss),
-        "whole_run_peak_rss_bytes": peak_rss_bytes(),
         "iteration_peak_rss_bytes": rss,
+        # CUDA: the allocator's peak of allocated bytes in followed iterations; None on CPU
+        "peak_cuda_allocated_bytes": max(cuda[executor.follow_from:] or cuda) if cuda else None,
+        "iteration_peak_cuda_allocated_bytes": cuda,
         "stalls": s.stalls,
         "stall_s": s.stall_s,
         "on_demand_fetches": s.on_demand_fetches,

@@ -83,6 +83,7 @@ class RunStats:
     iteration_s: list[float] = field(default_factory=list)
     iteration_peak_bytes: list[int] = field(default_factory=list)
     iteration_peak_rss_bytes: list[int] = field(default_factory=list)
+    iteration_peak_cuda_bytes: list[int] = field(default_factory=list)  # allocated, CUDA only
 
 
 class PlanExecutor(OpStream):
@@ -111,6 +112,8 @@ class PlanExecutor(OpStream):
         self._warned: set[str] = set()
         self._keys = itertools.count()
         self._iter_t0 = time.perf_counter()
+        # transient id -> the id its storage got at the last boundary (NOTE [ Plan ids ])
+        self._renamed_at_boundary: dict[int, int] = {}
 
     @property
     def following(self) -> bool:
@@ -127,7 +130,7 @@ class PlanExecutor(OpStream):
             for m in self.triggers.get(index, ()):
                 self._start(m)
             for tid in self.deadlines.get(index, ()):
-                entry = self.moved.get(tid)
+                _, entry = self._moved_entry(tid)
                 if entry is not None and entry.state is Residency.OFFLOADING:
                     self._wait(entry)
         if self.moved:
@@ -187,25 +190,42 @@ class PlanExecutor(OpStream):
                 f"these arguments (`teraio profile`) and plan again")
 
     # ---- transfers ---------------------------------------------------------------
+    # NOTE [ Plan ids ]: a plan names a transient storage by the id the iteration that
+    # made it gave it. A period that spans the boundary has events after it (a prefetch,
+    # an offload's deadline, an offload triggered at op 0), when the storage has been
+    # renamed (a carried flag, or a gradient's persistent number): those look up the
+    # plan id first, then the id it was renamed to at the last boundary.
+    def _moved_entry(self, tid: int) -> tuple[int, _Entry | None]:
+        """The runtime id and moved entry of plan id ``tid``."""
+        entry = self.moved.get(tid)
+        if entry is None and tid in self._renamed_at_boundary:
+            tid = self._renamed_at_boundary[tid]
+            entry = self.moved.get(tid)
+        return tid, entry
+
     def _start(self, m: Move) -> None:
-        entry = self.moved.get(m.tensor_id)
+        tid = m.tensor_id
         if m.action == "offload":
-            if entry is not None:
-                return
-            storage = self.ids.storage(m.tensor_id)
-            if storage is None:
+            storage = self.ids.storage(tid)
+            if storage is None and tid in self._renamed_at_boundary:
+                tid = self._renamed_at_boundary[tid]
+                storage = self.ids.storage(tid)
+            if storage is None or tid in self.moved:
                 return
             n = storage.nbytes()
             if n != m.size_bytes:
                 self._diverge(f"iteration {self.iteration}, op {m.trigger_op}: tensor "
-                              f"{m.tensor_id} has {n} bytes, the plan expects {m.size_bytes}")
+                              f"{tid} has {n} bytes, the plan expects {m.size_bytes}")
                 return
-            self._offload(m.tensor_id, storage, "host" if m.target == "host" else "ssd", m.urgent)
-        elif entry is not None:
-            if entry.state is Residency.OFFLOADING:
-                entry.touched = True
-            elif entry.state in (Residency.SSD, Residency.HOST):
-                self._fetch(m.tensor_id, entry, m.urgent)
+            self._offload(tid, storage, "host" if m.target == "host" else "ssd", m.urgent)
+            return
+        tid, entry = self._moved_entry(tid)
+        if entry is None:
+            return
+        if entry.state is Residency.OFFLOADING:
+            entry.touched = True
+        elif entry.state in (Residency.SSD, Residency.HOST):
+            self._fetch(tid, entry, m.urgent)
 
     def _offload(self, tid: int, storage: torch.UntypedStorage, target: str,
                  urgent: bool) -> None:
@@ -336,6 +356,7 @@ class PlanExecutor(OpStream):
     def renamed(self, new_ids: dict[int, int]) -> None:
         # Persistent storages get their names at a boundary and carried ones a flag
         # (torch_patch.identity): what is keyed by tensor id follows its storage.
+        self._renamed_at_boundary = {old: new for old, new in new_ids.items() if old >= PRODUCED_BASE}
         self.sizes = {new_ids.get(t, t): n for t, n in self.sizes.items()}
         self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
         for entry in self.moved.values():
@@ -386,6 +407,9 @@ class PlanExecutor(OpStream):
         rss = peak_rss_since_reset()
         if rss is not None:
             self.stats.iteration_peak_rss_bytes.append(rss)
+        if torch.cuda.is_initialized():
+            self.stats.iteration_peak_cuda_bytes.append(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
         if self.following and self.op_names is not None:
             if self.op_index != len(self.op_names):
                 self._diverge(f"iteration {self.iteration}: {self.op_index} ops, the plan "
