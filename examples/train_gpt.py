@@ -114,7 +114,10 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--save", help="write the final parameters here (torch.save of state_dict)")
     p.add_argument("--timing", action="store_true",
-                   help="also print each step's wall time and, on Linux, its peak RSS (MiB)")
+                   help="also print each step's wall time, its peak RSS (MiB, Linux) and on CUDA its "
+                        "peak of allocated device memory (MiB). Under `teraio run` the peaks are "
+                        "not the step's: teraio restarts both counters at each iteration boundary "
+                        "(inside opt.step) and reports its own per-iteration peaks")
     args = p.parse_args()
     if args.hidden % args.heads:
         p.error("--hidden must be a multiple of --heads")
@@ -126,6 +129,8 @@ def main() -> None:
     for step in range(args.steps):
         if args.timing:
             reset_peak_rss()
+            if args.device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         tokens = batch(gen, args.vocab, args.batch, args.seq, args.device)
         logits = model(tokens[:, :-1])
@@ -139,6 +144,8 @@ def main() -> None:
             rss = peak_rss_mib()
             if rss is not None:
                 line += f" peak_rss_mib {rss:.1f}"
+            if args.device.startswith("cuda"):
+                line += f" peak_cuda_mib {torch.cuda.max_memory_allocated() / 2**20:.1f}"
         print(line, flush=True)
     if args.save:
         torch.save(model.state_dict(), args.save)
