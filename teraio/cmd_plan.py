@@ -81,6 +81,15 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
     u = s["bandwidth_utilisation"]
     print(f"bandwidth   SSD write {_pct(u['ssd_write'])}, SSD read {_pct(u['ssd_read'])}, "
           f"host write {_pct(u['host_write'])}, host read {_pct(u['host_read'])} of the iteration")
+    life = s["ssd_life_years"]
+    print(f"ssd wear    {_mib(s['ssd_bytes_per_iteration'])} written per iteration, "
+          f"{s['ssd_bytes_per_day'] / 1e12:,.1f} TB per day at the predicted speed; a "
+          f"{s['ssd_endurance_pbw']:g} PBW drive lasts "
+          + ("for ever (nothing written)" if life is None else f"{life:,.1f} years"))
+    if "bw_needed_gb_per_s" in s:
+        need = [f"{float(k):.0%} of ideal at " + ("more than 4096 GB/s" if v is None else f"{v:,.1f} GB/s")
+                for k, v in s["bw_needed_gb_per_s"].items()]
+        print(f"needs       {', '.join(need)} of SSD bandwidth each way")
     if comparison:
         print("compared    policy                 iteration   vs ideal   peak          fits")
         for name, c in comparison.items():
@@ -121,6 +130,13 @@ def plan(
         show_default=False)] = None,
     compare: Annotated[bool, typer.Option(
         help="Simulate the baselines (keep, activation offload, ZeRO-Offload) side by side.")] = True,
+    ssd_endurance_pbw: Annotated[float | None, typer.Option(
+        help="Endurance of the SSD in petabytes written (PBW), for its predicted life. Default: "
+             "70, a mainstream data-centre drive (Solidigm D7-P5620 12.8 TB: 3 drive writes a "
+             "day for 5 years).", show_default=False)] = None,
+    bw_needed: Annotated[bool, typer.Option(
+        help="Also find the SSD bandwidth that reaches 90% and 95% of ideal throughput (about "
+             "16 more plans; see `teraio roofline` for the whole curve).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Plan which tensors go to SSD or host memory and when, and predict the cost.
@@ -132,7 +148,12 @@ def plan(
     meet).
     """
     from planner import InfeasibleBudgetError, build_plan, plan_rank, problem_from_profile, save_plan
+    from planner.operate import DEFAULT_SSD_ENDURANCE_PBW, bandwidth_for, ssd_wear
 
+    if ssd_endurance_pbw is None:
+        ssd_endurance_pbw = DEFAULT_SSD_ENDURANCE_PBW
+    if not ssd_endurance_pbw > 0:
+        fail(f"--ssd-endurance-pbw must be positive, not {ssd_endurance_pbw:g}")
     prof = load_profile(profile)
     hw = hardware_from_options(prof, gpu_mem, ssd_bw, ssd_read_bw, ssd_write_bw, host_mem, host_bw)
     rank_plans = {}
@@ -148,6 +169,14 @@ def plan(
             comparison = compare_policies(prof, problem, hw, rank_plans[rank], rank)
     doc = build_plan(rank_plans, hw, prof.signature, comparison=comparison,
                      extra_parameters={"profile": str(prof.path)})
+    s = doc.summary
+    s.update(ssd_wear(s["bytes_to_ssd"], s["predicted_iteration_us"], ssd_endurance_pbw))
+    if bw_needed:
+        slowest = rank_plans[s["rank"]].problem
+        s["bw_needed_gb_per_s"] = {}
+        for fraction in (0.9, 0.95):
+            info(f"finding the SSD bandwidth for {fraction:.0%} of ideal")
+            s["bw_needed_gb_per_s"][f"{fraction:.2f}"] = bandwidth_for(slowest, hw, fraction)
     try:
         save_plan(doc, out)
         if trace is not None:

@@ -126,3 +126,21 @@ def test_parse_bandwidth() -> None:
     for bad in ("0", "-3", "x", "inf", "nan"):
         with pytest.raises(ValueError, match="bad bandwidth"):
             parse_bandwidth(bad)
+
+
+def test_plan_reports_ssd_wear_and_bandwidth_needed(synth: Path) -> None:
+    r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--json",
+                   "--bw-needed", "--ssd-endurance-pbw", "7", "--no-compare", "--out", synth / "wear.json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["summary"]
+    assert s["ssd_bytes_per_iteration"] == s["bytes_to_ssd"] > 0
+    assert s["ssd_life_years"] == pytest.approx(7e15 / (s["ssd_bytes_per_day"] * 365))
+    need = s["bw_needed_gb_per_s"]
+    assert set(need) == {"0.90", "0.95"} and need["0.90"] <= need["0.95"]
+
+
+def test_plan_refuses_a_nonpositive_endurance(synth: Path) -> None:
+    r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", "--ssd-endurance-pbw", "0",
+                   "--out", synth / "never.json")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--ssd-endurance-pbw" in r.stderr
+    assert not (synth / "never.json").exists()
