@@ -26,13 +26,16 @@ lint: install
 test: lint
 	$(VENV)/bin/pytest -q
 
+# Profile, plan at half the profiled peak, run; then peak memory, time and losses side by side.
 demo: install
-	rm -rf $(DEMO)
-	$(VENV)/bin/teraio profile examples/train_gpt.py --out $(DEMO)/profile -- $(DEMO_ARGS)
-	$(VENV)/bin/teraio inspect $(DEMO)/profile
+	$(PY) bench/demo.py --out $(DEMO) -- $(DEMO_ARGS)
 
+# Each benchmark's figures go to BENCHMARKS.md with the command that made them.
 bench: install
 	$(PY) bench/profile_overhead.py
+	$(PY) bench/run_overhead.py
+	$(PY) bench/plan_scale.py
+	$(PY) bench/fake_scale.py
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .ruff_cache
