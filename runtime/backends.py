@@ -67,6 +67,18 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
 
 
+class _Staging:
+    """A page-aligned buffer for O_DIRECT (an anonymous map) and a uint8 tensor on it.
+
+    Bytes go in and out of it with ``Tensor.copy_``, which releases the GIL, so
+    a worker's copy does not hold up the training thread as a memoryview copy would.
+    """
+
+    def __init__(self) -> None:
+        self.map = mmap.mmap(-1, STAGING_BYTES)
+        self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
+
+
 def _round_up(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -84,9 +96,8 @@ class PosixBackend:
         self.dir = Path(tempfile.mkdtemp(prefix="teraio-swap-", dir=parent))
         os.chmod(self.dir, 0o700)
         self.direct = direct and hasattr(os, "O_DIRECT") and self._probe_direct()
-        self._staging: list[mmap.mmap] = [mmap.mmap(-1, STAGING_BYTES) for _ in range(num_staging)]
+        self._staging: list[_Staging] = [_Staging() for _ in range(num_staging)]
         self._lock = threading.Lock()
-        self._cuda_staging: dict[int, torch.Tensor] = {}
 
     def _probe_direct(self) -> bool:
         probe = self.dir / ".probe"
@@ -107,18 +118,18 @@ class PosixBackend:
     def where(self, key: int) -> str:
         return str(self.dir / f"{key}.bin")
 
-    def _take_staging(self) -> mmap.mmap:
+    def _take_staging(self) -> _Staging:
         with self._lock:
-            return self._staging.pop() if self._staging else mmap.mmap(-1, STAGING_BYTES)
+            return self._staging.pop() if self._staging else _Staging()
 
-    def _give_staging(self, buf: mmap.mmap) -> None:
+    def _give_staging(self, buf: _Staging) -> None:
         with self._lock:
             self._staging.append(buf)
 
+    # With O_DIRECT, bytes pass through a staging buffer by ``Tensor.copy_`` (a device
+    # tensor's too: one copy, no pinned buffer made per transfer); buffered I/O goes
+    # straight from and to the tensor's memory (through one host copy for a device tensor).
     def write(self, key: int, src: torch.Tensor) -> None:
-        if src.is_cuda:
-            src = self._to_host(src)
-        data = _host_bytes(src)
         flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC
         try:
             fd = os.open(self.where(key), flags | (os.O_DIRECT if self.direct else 0), 0o600)
@@ -126,14 +137,14 @@ class PosixBackend:
             raise _full_or(exc) from None
         try:
             if not self.direct:
-                self._pwrite_all(fd, data, 0)
+                self._pwrite_all(fd, _host_bytes(self._to_host(src) if src.is_cuda else src), 0)
                 return
             buf = self._take_staging()
             try:
-                for off in range(0, len(data), STAGING_BYTES):
-                    chunk = data[off:off + STAGING_BYTES]
-                    buf[:len(chunk)] = chunk
-                    self._pwrite_all(fd, memoryview(buf)[:_round_up(len(chunk))], off)
+                for off in range(0, src.numel(), STAGING_BYTES):
+                    n = min(STAGING_BYTES, src.numel() - off)
+                    buf.tensor[:n].copy_(src[off:off + n])
+                    self._pwrite_all(fd, memoryview(buf.map)[:_round_up(n)], off)
             finally:
                 self._give_staging(buf)
         except OSError as exc:
@@ -151,29 +162,29 @@ class PosixBackend:
             done += n
 
     def read(self, key: int, dst: torch.Tensor) -> None:
-        target = torch.empty(dst.numel(), dtype=torch.uint8) if dst.is_cuda else dst
-        data = _host_bytes(target)
         path = self.where(key)
+        total = dst.numel()
         size = os.stat(path).st_size
-        if size < len(data):
-            raise OSError(f"file holds {size} bytes, expected {len(data)} (truncated?)")
+        if size < total:
+            raise OSError(f"file holds {size} bytes, expected {total} (truncated?)")
         fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if self.direct else 0))
         try:
             if not self.direct:
-                self._pread_all(fd, data, 0)
-            else:
-                buf = self._take_staging()
-                try:
-                    for off in range(0, len(data), STAGING_BYTES):
-                        n = min(STAGING_BYTES, len(data) - off)
-                        self._pread_all(fd, memoryview(buf)[:_round_up(n)], off, need=n)
-                        data[off:off + n] = buf[:n]
-                finally:
-                    self._give_staging(buf)
+                target = torch.empty(total, dtype=torch.uint8) if dst.is_cuda else dst
+                self._pread_all(fd, _host_bytes(target), 0)
+                if dst.is_cuda:
+                    dst.copy_(target)
+                return
+            buf = self._take_staging()
+            try:
+                for off in range(0, total, STAGING_BYTES):
+                    n = min(STAGING_BYTES, total - off)
+                    self._pread_all(fd, memoryview(buf.map)[:_round_up(n)], off, need=n)
+                    dst[off:off + n].copy_(buf.tensor[:n])
+            finally:
+                self._give_staging(buf)
         finally:
             os.close(fd)
-        if dst.is_cuda:
-            dst.copy_(target, non_blocking=False)
 
     @staticmethod
     def _pread_all(fd: int, data: memoryview, offset: int, need: int | None = None) -> None:
@@ -185,19 +196,16 @@ class PosixBackend:
                 raise OSError(f"short read: got {done} of {need} bytes at offset {offset}")
             done += n
 
-    def _to_host(self, src: torch.Tensor) -> torch.Tensor:
-        host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=True)
-        host.copy_(src, non_blocking=False)
-        return host
+    @staticmethod
+    def _to_host(src: torch.Tensor) -> torch.Tensor:
+        return src.to("cpu")
 
     def delete(self, key: int) -> None:
         Path(self.where(key)).unlink(missing_ok=True)
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
-        for buf in self._staging:
-            buf.close()
-        self._staging = []
+        self._staging = []  # the maps go with their last reference
 
 
 def _full_or(exc: OSError) -> OSError:
