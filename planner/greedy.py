@@ -415,7 +415,9 @@ class _Planner:
                 break
 
 
-DEFAULT_TOLERANCE = 0.02
+# Measured (BENCHMARKS.md, planner tolerance): against exact greedy, 0.1 moves the same bytes
+# and predicts an iteration time within 0.3%, at 3 to 40 times less planning time than 0.02 or 0.
+DEFAULT_TOLERANCE = 0.1
 
 
 def plan_greedy(problem: PlanProblem, hw: Hardware, *, tolerance: float = DEFAULT_TOLERANCE) -> list[Move]:
