@@ -141,6 +141,59 @@ class _BlockPrefix:
         np.cumsum(self.local[:, -1], out=self.before[1:])
 
 
+class _BlockExact:
+    """Exact window sums of duration * min(over, size), block by block.
+
+    ``over`` changes as the plan grows; per block of ``block`` ops this keeps its
+    largest value and its smallest positive one. A block whose ``over`` stays at
+    or under ``size`` contributes its sum of duration * over, one whose positive
+    values are all at least ``size`` contributes size * its busy duration (both
+    block totals of ``sums``/``busy``), and only the few blocks where ``over``
+    crosses ``size`` are summed element by element. The memory curve changes
+    gradually, so most blocks are of the first two kinds.
+    """
+
+    def __init__(self, tau: np.ndarray, over: np.ndarray, sums: _BlockPrefix, busy: _BlockPrefix) -> None:
+        self.block = b = sums.block
+        self.num_blocks = nb = sums.vals.shape[0]
+        self.tau2d = np.zeros((nb, b))  # (num_blocks, block): durations, 0 past the last op
+        self.tau2d.reshape(-1)[:len(tau)] = tau
+        self.over2d = np.zeros((nb, b))  # a copy of ``over`` kept by ``refresh``
+        self.over2d.reshape(-1)[:len(over)] = over
+        self.sums, self.busy = sums, busy
+        self.max = np.zeros(nb)
+        self.min_pos = np.full(nb, np.inf)
+        self.refresh(0, len(over), over)
+
+    def refresh(self, lo: int, hi: int, over: np.ndarray) -> None:
+        """``over[lo:hi]`` changed: copy it in and recompute the blocks it touches."""
+        if hi <= lo:
+            return
+        b = self.block
+        self.over2d.reshape(-1)[lo:hi] = over[lo:hi]
+        j0, j1 = lo // b, (hi - 1) // b + 1
+        blocks = self.over2d[j0:j1]
+        self.max[j0:j1] = blocks.max(axis=1)
+        self.min_pos[j0:j1] = np.where(blocks > 0, blocks, np.inf).min(axis=1)
+
+    def window(self, lo: int, hi: int, size: float) -> float:
+        b = self.block
+        j0, j1 = -(-lo // b), hi // b  # the whole blocks inside [lo, hi)
+        flat_t, flat_o = self.tau2d.reshape(-1), self.over2d.reshape(-1)
+        if j0 >= j1:
+            return float(flat_t[lo:hi] @ np.minimum(flat_o[lo:hi], size))
+        total = float(flat_t[lo:j0 * b] @ np.minimum(flat_o[lo:j0 * b], size))
+        total += float(flat_t[j1 * b:hi] @ np.minimum(flat_o[j1 * b:hi], size))
+        under = self.max[j0:j1] <= size
+        above = ~under & (self.min_pos[j0:j1] >= size)
+        total += float(self.sums.local[j0:j1, -1][under].sum())
+        total += size * float(self.busy.local[j0:j1, -1][above].sum())
+        crossing = np.flatnonzero(~(under | above)) + j0
+        if len(crossing):
+            total += float((self.tau2d[crossing] * np.minimum(self.over2d[crossing], size)).sum())
+        return total
+
+
 class _Planner:
     """The mutable state of one planning run (the public entry point is ``plan_greedy``)."""
 
@@ -155,6 +208,7 @@ class _Planner:
         # For upper bounds of benefits in O(1): sum of duration * over, and of duration where over > 0.
         self.sum_over = _BlockPrefix(self.tau * self.over)
         self.sum_busy = _BlockPrefix(self.tau * (self.over > 0))
+        self.exact = _BlockExact(self.tau, self.over, self.sum_over, self.sum_busy)
         slot_s = problem.duration_us * 1e-6
         self.channels = {
             name: Channel(bw * slot_s) for name, bw in hw.channel_bw().items()
@@ -174,10 +228,7 @@ class _Planner:
         return [(a, n), (0, b - n)]
 
     def _benefit(self, a: int, b: int, size: float) -> float:
-        total = 0.0
-        for lo, hi in self._segments(a, b):
-            total += float(self.tau[lo:hi] @ np.minimum(self.over[lo:hi], size))
-        return total
+        return sum(self.exact.window(lo, hi, size) for lo, hi in self._segments(a, b))
 
     def _upper_bound(self, a: int, b: int, size: float) -> float:
         """An upper bound of ``_benefit`` in O(1): min(sum tau * over, size * sum tau [over > 0])."""
@@ -196,6 +247,7 @@ class _Planner:
             tau = self.tau[lo:hi]
             self.sum_over.assign(lo, hi, tau * seg)
             self.sum_busy.assign(lo, hi, tau * (seg > 0))
+            self.exact.refresh(lo, hi, self.over)
 
     # A host copy is held from the offload's trigger op through the op that needs the
     # tensor back: its prefetch may end in that op's wait, after the next offloads start.
