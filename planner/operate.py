@@ -10,7 +10,7 @@ from planner.hardware import Hardware
 from planner.make import plan_rank
 from planner.problem import PlanProblem
 
-__all__ = ["DEFAULT_SSD_ENDURANCE_PBW", "bandwidth_for", "ssd_wear"]
+__all__ = ["DEFAULT_SSD_ENDURANCE_PBW", "bandwidth_needed", "ssd_wear"]
 
 # A mainstream data-centre NVMe drive: the TBA paper (shared/papers, Table 1) names the
 # Solidigm D7-P5620 as the mainstream model, rated 3 drive writes per day for 5 years;
@@ -36,7 +36,7 @@ def ssd_wear(bytes_to_ssd_per_iteration: int, iteration_us: float,
             "ssd_endurance_pbw": endurance_pbw, "ssd_life_years": life}
 
 
-def bandwidth_for(problem: PlanProblem, hw: Hardware, fraction: float, *, low_gb_per_s: float = 0.25,
+def bandwidth_needed(problem: PlanProblem, hw: Hardware, fraction: float, *, low_gb_per_s: float = 0.25,
                   high_gb_per_s: float = 4096.0, steps: int = 8) -> float | None:
     """The SSD bandwidth (GB/s each way) at which the plan reaches ``fraction`` of ideal throughput.
 

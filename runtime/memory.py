@@ -2,14 +2,17 @@
 
 NOTE [ malloc on CPU ]: the memory an offload frees goes back to glibc's free
 lists and the next allocations reuse it, so peak RSS falls with the tracked
-peak without tuning malloc (example GPT at a 50% budget: 457 MiB against 728
-MiB plain). A small fixed mmap threshold (mallopt M_MMAP_THRESHOLD = 64 KiB)
-would return every block to the OS at once, but each allocation then faults
-in fresh zeroed pages: measured 1.7x slower on the same example even without
-teraio. So we trim (malloc_trim(3)) at iteration boundaries instead: without
-it, the heap grows with the offload pattern's fragmentation (880 MiB measured
-against 463 MiB with it, and 728 MiB plain); it costs about 70 ms an iteration
-on that example, as later allocations fault their pages in again.
+peak without tuning malloc, though by less: example GPT at a 50% budget, peak
+RSS per iteration 712.6 MiB against 793.0 MiB plain while the tracked peak
+halves (BENCHMARKS.md). A small fixed mmap threshold (MALLOC_MMAP_THRESHOLD_ =
+64 KiB) returns every block to the OS at once, but each allocation then
+faults in fresh zeroed pages: the plain example's steps went from 0.36-0.50 s
+to 0.50-0.61 s with it (one run each). So we trim (malloc_trim(3)) at iteration boundaries
+instead: without it the heap grows with the offload pattern's fragmentation
+(per-iteration peak RSS about 820 MiB against about 730 MiB with it, iterations 2-7); it costs
+about 64 ms an iteration on that example (387 against 451 ms, empty plan), as
+later allocations fault their pages in again. The per-iteration peaks are read
+from VmHWM, which ``reset_peak_rss`` restarts at each boundary (proc(5)).
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def plan(
     meet).
     """
     from planner import InfeasibleBudgetError, build_plan, plan_rank, problem_from_profile, save_plan
-    from planner.operate import DEFAULT_SSD_ENDURANCE_PBW, bandwidth_for, ssd_wear
+    from planner.operate import DEFAULT_SSD_ENDURANCE_PBW, bandwidth_needed, ssd_wear
 
     if ssd_endurance_pbw is None:
         ssd_endurance_pbw = DEFAULT_SSD_ENDURANCE_PBW
@@ -176,7 +176,7 @@ def plan(
         s["bw_needed_gb_per_s"] = {}
         for fraction in (0.9, 0.95):
             info(f"finding the SSD bandwidth for {fraction:.0%} of ideal")
-            s["bw_needed_gb_per_s"][f"{fraction:.2f}"] = bandwidth_for(slowest, hw, fraction)
+            s["bw_needed_gb_per_s"][f"{fraction:.2f}"] = bandwidth_needed(slowest, hw, fraction)
     try:
         save_plan(doc, out)
         if trace is not None:

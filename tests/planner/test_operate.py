@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner import Hardware, plan_rank, problem_from_profile
-from planner.operate import bandwidth_for, ssd_wear
+from planner.operate import bandwidth_needed, ssd_wear
 from profiles.synthetic import synthetic_profile
 
 
@@ -19,11 +19,11 @@ def test_ssd_wear_by_hand() -> None:
         ssd_wear(1, 1.0, 0.0)
 
 
-def test_bandwidth_for_brackets_the_target() -> None:
+def test_bandwidth_needed_brackets_the_target() -> None:
     problem = problem_from_profile(synthetic_profile(4, 6, 3, seed=2))
     hw = Hardware(gpu_mem_bytes=int(problem.memory_bytes.max() * 0.6), ssd_read_bw_bytes_per_s=16e9,
                   ssd_write_bw_bytes_per_s=16e9)
-    need = bandwidth_for(problem, hw, 0.9, steps=5)
+    need = bandwidth_needed(problem, hw, 0.9, steps=5)
     assert need is not None
 
     def speed(gb_per_s: float) -> float:
