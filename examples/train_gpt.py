@@ -112,6 +112,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--foreach", action="store_true",
+                   help="AdamW's multi-tensor (foreach) implementation, PyTorch's default on CUDA: "
+                        "one op updates every parameter at once")
     p.add_argument("--save", help="write the final parameters here (torch.save of state_dict)")
     p.add_argument("--timing", action="store_true",
                    help="also print each step's wall time, its peak RSS (MiB, Linux) and on CUDA its "
@@ -125,7 +128,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     model = GPT(args.vocab, args.seq, args.layers, args.hidden, args.heads).to(args.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=True if args.foreach else None)
     for step in range(args.steps):
         if args.timing:
             reset_peak_rss()

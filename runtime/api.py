@@ -40,6 +40,7 @@ class RunPlan:
     op_names: list[str] | None
     host_mem_bytes: int | None
     summary: dict[str, Any]
+    budget_bytes: int | None = None  # the device memory the plan was made for
 
 
 def load_run_plan(path: str | os.PathLike[str], rank: int = 0) -> RunPlan:
@@ -70,12 +71,14 @@ def load_run_plan(path: str | os.PathLike[str], rank: int = 0) -> RunPlan:
         op_names = doc.get("op_names", {}).get(str(rank))
         params = doc.get("parameters", {})
         host = params.get("host_mem_bytes")
+        budget = params.get("gpu_mem_bytes")
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanFileError(f"{p}: malformed plan ({exc!r} missing or wrong)") from None
     if any(m.action not in ("offload", "prefetch") for m in moves):
         raise PlanFileError(f"{p}: an action other than offload or prefetch")
     return RunPlan(str(doc.get("signature", "")), moves, op_names,
-                   int(host) if host is not None else None, dict(doc.get("summary", {})))
+                   int(host) if host is not None else None, dict(doc.get("summary", {})),
+                   int(budget) if budget is not None else None)
 
 
 def _out_at_boundary(offload: dict[str, Any], prefetch_at: dict[tuple[Any, Any], int],
@@ -134,7 +137,8 @@ def offload(plan: str | os.PathLike[str] | RunPlan, *, swap_dir: str | os.PathLi
     host_bytes = host_mem_bytes or run_plan.host_mem_bytes or DEFAULT_HOST_POOL_BYTES
     backends = make_backends(backend, swap_dir, min(host_bytes, DEFAULT_HOST_POOL_BYTES * 64))
     engine = MigrationEngine(num_workers)
-    executor = PlanExecutor(run_plan.moves, run_plan.op_names, backends, engine, follow_from)
+    executor = PlanExecutor(run_plan.moves, run_plan.op_names, backends, engine, follow_from,
+                            run_plan.budget_bytes)
     old_term = _term_as_exit()
     t0 = time.perf_counter()
     reset_peak_rss()

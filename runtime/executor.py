@@ -4,7 +4,9 @@ Before op k of a followed iteration it (1) finishes what the engine completed
 (freeing storages whose bytes are safely written), (2) starts the transfers
 the plan triggers at k, (3) waits for offloads whose memory must be free by k,
 and (4) makes every input of op k resident, faulting in on demand whatever
-is not, plan or no plan. Waits are stalls, counted and timed. Iteration 0 is
+is not, plan or no plan. A prefetch that would take the tracked bytes over the
+plan's budget first waits for offloads in flight to make room, as the
+planner's simulator does. Waits are stalls, counted and timed. Iteration 0 is
 never followed (it differs from the profile: set-up and lazy optimizer state).
 """
 
@@ -14,7 +16,7 @@ import itertools
 import time
 import warnings
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -89,7 +91,7 @@ class RunStats:
 class PlanExecutor(OpStream):
     def __init__(self, moves: list[Move], op_names: list[str] | None,
                  backends: dict[str, Backend], engine: MigrationEngine,
-                 follow_from: int = 1) -> None:
+                 follow_from: int = 1, budget_bytes: int | None = None) -> None:
         super().__init__()
         self.triggers: dict[int, list[Move]] = defaultdict(list)
         self.deadlines: dict[int, list[int]] = defaultdict(list)
@@ -103,6 +105,8 @@ class PlanExecutor(OpStream):
         self.backends = backends
         self.engine = engine
         self.follow_from = follow_from
+        self.budget_bytes = budget_bytes
+        self._writes: deque[_Entry] = deque()  # offloads in flight, oldest first
         self.moved: dict[int, _Entry] = {}
         self.sizes: dict[int, int] = {}
         self.stats = RunStats()
@@ -244,13 +248,20 @@ class PlanExecutor(OpStream):
                 backend.write(key, src)
 
         job = self.engine.submit(Job(tid, "write", storage.nbytes(), work, urgent, target))
-        self.moved[tid] = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target,
-                                 weakref.ref(storage), key, job)
+        entry = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target, weakref.ref(storage),
+                       key, job)
+        self.moved[tid] = entry
+        writes = self._writes
+        while writes and writes[0].state is not Residency.OFFLOADING:
+            writes.popleft()  # done: keeps the queue as short as what is in flight
+        writes.append(entry)
 
     def _fetch(self, tid: int, entry: _Entry, urgent: bool) -> None:
         storage = entry.storage()
         if storage is None:
             return
+        if self.following:
+            self._make_room(entry.nbytes)
         realloc_storage(storage, entry.nbytes)
         self.stats.tracked_bytes += entry.nbytes
         self.stats.peak_tracked_bytes = max(self.stats.peak_tracked_bytes, self.stats.tracked_bytes)
@@ -274,6 +285,18 @@ class PlanExecutor(OpStream):
             self.stats.stalls += 1
             self.stats.stall_s += time.perf_counter() - t0
         self._drain()
+
+    def _make_room(self, nbytes: int) -> None:
+        """Wait for offloads in flight, oldest first, until ``nbytes`` more fit the budget
+        or none is left: the plan counts a tensor's memory free only once its offload is
+        done, and the runtime's transfers may be slower than the plan's."""
+        budget, writes = self.budget_bytes, self._writes
+        if budget is None:
+            return
+        while writes and self.stats.tracked_bytes + nbytes > budget:
+            entry = writes.popleft()
+            if entry.state is Residency.OFFLOADING:
+                self._wait(entry)
 
     def _make_resident(self, tid: int, entry: _Entry) -> None:
         if entry.state is Residency.OFFLOADING:

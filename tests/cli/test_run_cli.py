@@ -70,3 +70,22 @@ def test_run_under_a_plan_is_bit_identical_and_within_budget(
     # every followed iteration (1 on) stays within 5% of the budget
     assert report["peak_tracked_bytes"] <= budget * 1.05, (budget, report["iteration_peak_bytes"])
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("teraio-swap")] == []
+
+
+@pytest.mark.parametrize("share", ["50%", "min"])
+def test_a_multi_tensor_optimizer_stays_within_budget(tmp_path: Path, share: str) -> None:
+    """AdamW's foreach path (the default on CUDA) offloads every optimizer state at the end of
+    the step while the next step's prefetches start: they must wait for room, not go over."""
+    args = [*SMALL_GPT, "--foreach", "--steps", "5"]
+    r = run_teraio("profile", EXAMPLE, "--out", tmp_path / "profile", "--iters", "2", "--", *args)
+    assert r.returncode == 0, r.stderr
+    budget = budgets(tmp_path / "profile")[share]
+    r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", str(budget), "--ssd-bw", "2",
+                   "--host-mem", "64M", "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--backend", "posix", "--swap-dir", tmp_path,
+                   "--report", tmp_path / "run.json", EXAMPLE, "--", *args)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["diverged_at"] is None
+    assert report["peak_tracked_bytes"] <= budget * 1.05, (budget, report["iteration_peak_bytes"])
