@@ -59,7 +59,8 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
     """A writable memoryview on a CPU uint8 tensor's memory.
 
     Not through ``Tensor.numpy()``: that marks the storage as not resizable,
-    for good, and offloading frees storages by resizing them.
+    for good, and offloading frees storages by resizing them. The view does
+    not keep ``t`` alive: the caller must.
     """
     n = t.numel()
     if n == 0:
@@ -137,7 +138,8 @@ class PosixBackend:
             raise _full_or(exc) from None
         try:
             if not self.direct:
-                self._pwrite_all(fd, _host_bytes(self._to_host(src) if src.is_cuda else src), 0)
+                host = src.to("cpu") if src.is_cuda else src  # a local: the view below needs it alive
+                self._pwrite_all(fd, _host_bytes(host), 0)
                 return
             buf = self._take_staging()
             try:
@@ -195,10 +197,6 @@ class PosixBackend:
             if n <= 0:
                 raise OSError(f"short read: got {done} of {need} bytes at offset {offset}")
             done += n
-
-    @staticmethod
-    def _to_host(src: torch.Tensor) -> torch.Tensor:
-        return src.to("cpu")
 
     def delete(self, key: int) -> None:
         Path(self.where(key)).unlink(missing_ok=True)

@@ -13,10 +13,12 @@ never followed (it differs from the profile: set-up and lazy optimizer state).
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import warnings
 import weakref
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -86,6 +88,38 @@ class RunStats:
     iteration_peak_bytes: list[int] = field(default_factory=list)
     iteration_peak_rss_bytes: list[int] = field(default_factory=list)
     iteration_peak_cuda_bytes: list[int] = field(default_factory=list)  # allocated, CUDA only
+
+
+# NOTE [ Copy streams ]: a worker's device copies run on a CUDA stream of its own
+# thread, not on the default stream the training computes on: there they would
+# queue behind every kernel launched so far and hold back every kernel launched
+# after them, and no transfer would overlap compute. Ordering with the compute
+# stream is kept by hand: the job first waits (on the host) for an event recorded
+# when it was submitted, so every kernel that wrote the source, or used the
+# freshly reallocated destination's memory before, is done; the job ends with its
+# stream synchronized, so the main thread's wait for the job covers the copy.
+_worker = threading.local()
+
+
+def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> Callable[[], None]:
+    """``work`` as a job for a worker thread; see NOTE [ Copy streams ]."""
+    if not tensor.is_cuda:
+        return work
+    event = torch.cuda.Event()
+    event.record()
+    device = tensor.device
+
+    def run() -> None:
+        event.synchronize()
+        streams = _worker.__dict__.setdefault("streams", {})
+        stream = streams.get(device)
+        if stream is None:
+            stream = streams[device] = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):
+            work()
+        stream.synchronize()
+
+    return run
 
 
 class PlanExecutor(OpStream):
@@ -236,18 +270,12 @@ class PlanExecutor(OpStream):
         backend = self.backends[target]
         key = next(self._keys)
         src = byte_view(storage)
-        if src.is_cuda:  # the bytes are ready once the compute stream gets here
-            event = torch.cuda.Event()
-            event.record()
 
-            def work() -> None:
-                event.synchronize()
-                backend.write(key, src)
-        else:
-            def work() -> None:
-                backend.write(key, src)
+        def work() -> None:
+            backend.write(key, src)
 
-        job = self.engine.submit(Job(tid, "write", storage.nbytes(), work, urgent, target))
+        job = self.engine.submit(Job(tid, "write", storage.nbytes(), _off_stream(work, src), urgent,
+                                     target))
         entry = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target, weakref.ref(storage),
                        key, job)
         self.moved[tid] = entry
@@ -271,7 +299,8 @@ class PlanExecutor(OpStream):
         def work() -> None:
             backend.read(key, dst)
 
-        entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, work, urgent, entry.target))
+        entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, _off_stream(work, dst), urgent,
+                                           entry.target))
         entry.state = Residency.FETCHING
 
     def _wait(self, entry: _Entry) -> None:
