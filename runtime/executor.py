@@ -30,7 +30,7 @@ from runtime.engine import Job, MigrationEngine
 from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.storage import byte_view, free_storage, realloc_storage
-from torch_patch.identity import PRODUCED_BASE
+from torch_patch.identity import CARRIED_FLAG, PRODUCED_BASE, produced_by, produced_id
 from torch_patch.opstream import OpInfo, OpStream
 
 __all__ = ["Move", "PlanExecutor", "Residency"]
@@ -122,6 +122,20 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> Callable[[], 
     return run
 
 
+def _setup_ops(names: list[str] | None, seen: list[str]) -> int | None:
+    """``shift`` such that ``seen[k + shift]`` ran as the plan's op ``k`` (``names``), found
+    by 64 ops in a row; the plan's first few ops may be the tail of the step before (a
+    loss printed after ``opt.step()``), which the first iteration does not run."""
+    if not names or not seen:
+        return None
+    for start in range(min(16, len(names))):
+        anchor = names[start:start + 64]
+        for at in range(len(seen) - len(anchor) + 1):
+            if seen[at] == anchor[0] and seen[at:at + len(anchor)] == anchor:
+                return at - start
+    return None
+
+
 class PlanExecutor(OpStream):
     def __init__(self, moves: list[Move], op_names: list[str] | None,
                  backends: dict[str, Backend], engine: MigrationEngine,
@@ -152,6 +166,7 @@ class PlanExecutor(OpStream):
         self._iter_t0 = time.perf_counter()
         # transient id -> the id its storage got at the last boundary (NOTE [ Plan ids ])
         self._renamed_at_boundary: dict[int, int] = {}
+        self._unfollowed_names: list[str] = []  # op names of the iteration before the first followed
 
     @property
     def following(self) -> bool:
@@ -164,6 +179,8 @@ class PlanExecutor(OpStream):
             self._drain()
         if self.following:
             self._check_op(index, str(func))
+        elif self.iteration == self.follow_from - 1 and self.op_names is not None:
+            self._unfollowed_names.append(str(func))
         if self.following:
             for m in self.triggers.get(index, ()):
                 self._start(m)
@@ -432,19 +449,47 @@ class PlanExecutor(OpStream):
     def _carried_out_now(self) -> list[Move]:
         """The plan's offloads out across the boundary, with the ids their storages have now.
 
-        Persistent ids are stable. A transient one (a gradient made in backward, named
-        at the boundary) is the id of the iteration that made it; it is found by its
-        name, or not at all (it is then out once it dies).
+        Persistent ids are stable. A transient one is the id of the iteration that made
+        it: a gradient (named at the boundary) is found by its name, another storage as
+        NOTE [ Carried from the unfollowed iteration ] says, or not at all (it is then
+        out once it dies).
         """
         by_name = {name: tid for tid, (name, _) in self.persistent.items()}
+        seen, self._unfollowed_names = self._unfollowed_names, []
+        shift = _setup_ops(self.op_names, seen)
         out = []
         for m in self.carried_out:
             tid = by_name.get(m.name, -1) if m.name is not None else -1
             if tid < 0 and m.tensor_id < PRODUCED_BASE:
                 tid = m.tensor_id
+            if tid < 0 and shift is not None:
+                tid = self._carried_from_unfollowed(m, seen, shift)
             if tid >= 0:
                 out.append(replace(m, tensor_id=tid, urgent=True))
         return out
+
+    # NOTE [ Carried from the unfollowed iteration ]: a transient storage alive at the
+    # boundary (the last batch, the loss) has the id of the op that made it, and the
+    # unfollowed iteration numbered its ops after the script's set-up ops. Where that
+    # iteration ran the plan's first ops after ``shift`` others, the op the plan
+    # names ``k`` ran as ``k + shift``; if it is the same op and made a storage of the
+    # planned size, that storage is the plan's, and later events find it by its plan id.
+    def _carried_from_unfollowed(self, m: Move, seen: list[str], shift: int) -> int:
+        """The id now of plan move ``m``'s storage, made by the unfollowed iteration
+        (whose op names are ``seen``); -1 if none."""
+        made = produced_by(m.tensor_id)
+        names = self.op_names
+        if made is None or names is None:
+            return -1
+        k, position = made
+        if k + shift >= len(seen) or seen[k + shift] != names[k]:
+            return -1
+        tid = produced_id(k + shift, position) | CARRIED_FLAG
+        storage = self.ids.storage(tid)
+        if storage is None or storage.nbytes() != m.size_bytes:
+            return -1
+        self._renamed_at_boundary[m.tensor_id] = tid
+        return tid
 
     def end_iteration(self) -> None:
         if self.diverged is not None and not self.divergence_reported:

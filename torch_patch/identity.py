@@ -30,6 +30,7 @@ __all__ = [
     "StorageIds",
     "input_id",
     "persistent_names",
+    "produced_by",
     "produced_id",
 ]
 
@@ -44,6 +45,14 @@ _POS_BITS = 16  # up to 65536 tensors per op (foreach ops over every parameter)
 
 def produced_id(op_index: int, position: int) -> int:
     return PRODUCED_BASE + (op_index << _POS_BITS) + position
+
+
+def produced_by(tensor_id: int) -> tuple[int, int] | None:
+    """``(op_index, position)`` of a ``produced_id``; None for any other id."""
+    if not PRODUCED_BASE <= tensor_id < INPUT_BASE:
+        return None
+    offset = tensor_id - PRODUCED_BASE
+    return offset >> _POS_BITS, offset & ((1 << _POS_BITS) - 1)
 
 
 def input_id(op_index: int, position: int) -> int:

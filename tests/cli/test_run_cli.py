@@ -89,3 +89,21 @@ def test_a_multi_tensor_optimizer_stays_within_budget(tmp_path: Path, share: str
     report = json.loads((tmp_path / "run.json").read_text())
     assert report["diverged_at"] is None
     assert report["peak_tracked_bytes"] <= budget * 1.05, (budget, report["iteration_peak_bytes"])
+
+
+def test_the_first_followed_iteration_has_the_planned_memory(tmp_path: Path) -> None:
+    """Tensors the unfollowed iteration 0 leaves alive at its end (the last batch's
+    activations the plan has out across the boundary) are sent out before iteration 1."""
+    args = ["--layers", "1", "--hidden", "512", "--heads", "8", "--seq", "256", "--batch", "8",
+            "--vocab", "512", "--foreach", "--steps", "3"]
+    r = run_teraio("profile", EXAMPLE, "--out", tmp_path / "profile", "--iters", "2", "--", *args)
+    assert r.returncode == 0, r.stderr
+    budget = budgets(tmp_path / "profile")["50%"]
+    r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", str(budget), "--ssd-bw", "20",
+                   "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--backend", "host", "--host-mem", "256M",
+                   "--report", tmp_path / "run.json", EXAMPLE, "--", *args)
+    assert r.returncode == 0, r.stderr
+    peaks = json.loads((tmp_path / "run.json").read_text())["iteration_peak_bytes"]
+    assert peaks[1] <= budget, (budget, peaks)
