@@ -21,6 +21,10 @@ from typing import Any
 __all__ = ["Job", "MigrationEngine"]
 
 
+def _done() -> None:
+    """The ``work`` of a job that has run."""
+
+
 @dataclass(eq=False)
 class Job:
     """One transfer. ``work`` runs on a worker; ``error`` is set if it raised."""
@@ -36,6 +40,18 @@ class Job:
     queued_s: float = field(default_factory=time.perf_counter)
     busy_s: float = 0.0
     taken: bool = False
+
+    # NOTE [ Releasing jobs ]: ``work`` holds a view of the storage the job moves, and a
+    # failed job's traceback the frames that hold it: either keeps the storage alive
+    # after the script drops the tensor (a stale queue entry of a promoted job, or a
+    # worker's local, can outlive the job by a long time). The main thread releases a
+    # job once it has taken its result. Not a worker: the storage may then die on the
+    # worker's thread, and its on-free hook runs there (and waits for this very job).
+    def release(self) -> None:
+        """Drop the job's hold on the storage it moved; main thread, once done."""
+        self.work = _done
+        if self.error is not None:
+            self.error = self.error.with_traceback(None)
 
 
 class MigrationEngine:
@@ -72,20 +88,22 @@ class MigrationEngine:
             if job is None:
                 return
             with self._take:
-                if job.taken:
-                    continue  # the other queue entry of a promoted job
-                job.taken = True
-            t0 = time.perf_counter()
-            try:
-                job.work()
-            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-                job.error = exc
-            job.busy_s = time.perf_counter() - t0
-            if job.error is None:
-                self.bytes_moved[job.direction] += job.nbytes
-                self.busy_s[job.direction] += job.busy_s
-            self.completed.append(job)
-            job.done.set()
+                taken, job.taken = job.taken, True
+            if not taken:  # else the other queue entry of a promoted job
+                self._run(job)
+
+    def _run(self, job: Job) -> None:
+        t0 = time.perf_counter()
+        try:
+            job.work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            job.error = exc
+        job.busy_s = time.perf_counter() - t0
+        if job.error is None:
+            self.bytes_moved[job.direction] += job.nbytes
+            self.busy_s[job.direction] += job.busy_s
+        self.completed.append(job)
+        job.done.set()
 
     def close(self) -> None:
         for q in self._queues.values():

@@ -221,6 +221,7 @@ class PlanExecutor(OpStream):
         if entry is not None:
             if entry.job is not None:
                 entry.job.done.wait()
+                self._count(entry.job)  # done, but the drain will no longer find it
             entry.backend.delete(entry.key)
 
     # ---- plan checks -------------------------------------------------------------
@@ -358,6 +359,7 @@ class PlanExecutor(OpStream):
         completed = self.engine.completed
         while completed:
             job = completed.popleft()
+            job.release()  # NOTE [ Releasing jobs ] in runtime.engine
             entry = self.moved.get(job.tensor_id)
             if entry is None or entry.job is not job:
                 continue
@@ -366,6 +368,17 @@ class PlanExecutor(OpStream):
                 self._finish_write(job, entry)
             else:
                 self._finish_read(job, entry)
+
+    def _count(self, job: Job) -> None:
+        """Bytes and busy time of a job that moved its bytes."""
+        if job.error is not None:
+            return
+        if job.direction == "write":
+            self.stats.bytes_written[job.target] += job.nbytes
+            self.stats.write_busy_s += job.busy_s
+        else:
+            self.stats.bytes_read[job.target] += job.nbytes
+            self.stats.read_busy_s += job.busy_s
 
     def _finish_write(self, job: Job, entry: _Entry) -> None:
         tid = job.tensor_id
@@ -381,8 +394,7 @@ class PlanExecutor(OpStream):
                     and "host" in self.backends and storage is not None and not entry.touched):
                 self._offload(tid, storage, "host", urgent=False)
             return
-        self.stats.bytes_written[job.target] += job.nbytes
-        self.stats.write_busy_s += job.busy_s
+        self._count(job)
         if entry.touched or storage is None:
             self.stats.cancelled_offloads += entry.touched
             entry.backend.delete(entry.key)
@@ -397,8 +409,7 @@ class PlanExecutor(OpStream):
         if job.error is not None:
             where = entry.backend.where(entry.key)
             raise StorageIOError(tid, where, str(job.error))
-        self.stats.bytes_read[job.target] += job.nbytes
-        self.stats.read_busy_s += job.busy_s
+        self._count(job)
         entry.backend.delete(entry.key)
         del self.moved[tid]
 
