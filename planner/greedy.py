@@ -41,12 +41,12 @@ instead of once per choice. ``tolerance = 0`` is exact (tested).
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from planner.channels import Channel
+from planner.excess import Excess
 from planner.hardware import Hardware
 from planner.problem import PlanProblem, check_capacity
 
@@ -99,99 +99,14 @@ class Move:
 # lower period index.
 _BITS = 32
 
+# Candidates scored at once (NOTE [ Lazy greedy ]).
+_BATCH = 32
+
 
 def quantize_array(x: np.ndarray) -> np.ndarray:
     """``x`` (>= 0) rounded to ``_BITS`` significant bits; monotone, 0 stays 0."""
     mantissa, exponent = np.frexp(np.asarray(x, np.float64))
     return np.ldexp(np.round(mantissa * 2.0**_BITS), exponent - _BITS)
-
-
-def quantize(x: float) -> float:
-    mantissa, exponent = math.frexp(x)
-    return math.ldexp(round(mantissa * 2.0**_BITS), exponent - _BITS)
-
-
-class _BlockPrefix:
-    """Prefix sums of a per-op array under slice updates: O(1) queries, O(slice + n / block) updates."""
-
-    def __init__(self, values: np.ndarray, block: int = 512) -> None:
-        n = len(values)
-        self.block = block
-        num_blocks = max(-(-n // block), 1)
-        self.vals = np.zeros((num_blocks, block))
-        self.vals.reshape(-1)[:n] = values
-        self.local = np.cumsum(self.vals, axis=1)  # inclusive prefix inside each block
-        self.before = np.zeros(num_blocks + 1)  # sum of the blocks before block j
-        np.cumsum(self.local[:, -1], out=self.before[1:])
-
-    def prefix(self, k: int) -> float:
-        """Sum of ``values[:k]``."""
-        if k <= 0:
-            return 0.0
-        j, r = divmod(k - 1, self.block)
-        return float(self.before[j] + self.local[j, r])
-
-    def assign(self, lo: int, hi: int, values: np.ndarray) -> None:
-        """``values[lo:hi] = values``."""
-        if hi <= lo:
-            return
-        self.vals.reshape(-1)[lo:hi] = values
-        j0, j1 = lo // self.block, (hi - 1) // self.block + 1
-        np.cumsum(self.vals[j0:j1], axis=1, out=self.local[j0:j1])
-        np.cumsum(self.local[:, -1], out=self.before[1:])
-
-
-class _BlockExact:
-    """Exact window sums of duration * min(over, size), block by block.
-
-    ``over`` changes as the plan grows; per block of ``block`` ops this keeps its
-    largest value and its smallest positive one. A block whose ``over`` stays at
-    or under ``size`` contributes its sum of duration * over, one whose positive
-    values are all at least ``size`` contributes size * its busy duration (both
-    block totals of ``sums``/``busy``), and only the few blocks where ``over``
-    crosses ``size`` are summed element by element. The memory curve changes
-    gradually, so most blocks are of the first two kinds.
-    """
-
-    def __init__(self, tau: np.ndarray, over: np.ndarray, sums: _BlockPrefix, busy: _BlockPrefix) -> None:
-        self.block = b = sums.block
-        self.num_blocks = nb = sums.vals.shape[0]
-        self.tau2d = np.zeros((nb, b))  # (num_blocks, block): durations, 0 past the last op
-        self.tau2d.reshape(-1)[:len(tau)] = tau
-        self.over2d = np.zeros((nb, b))  # a copy of ``over`` kept by ``refresh``
-        self.over2d.reshape(-1)[:len(over)] = over
-        self.sums, self.busy = sums, busy
-        self.max = np.zeros(nb)
-        self.min_pos = np.full(nb, np.inf)
-        self.refresh(0, len(over), over)
-
-    def refresh(self, lo: int, hi: int, over: np.ndarray) -> None:
-        """``over[lo:hi]`` changed: copy it in and recompute the blocks it touches."""
-        if hi <= lo:
-            return
-        b = self.block
-        self.over2d.reshape(-1)[lo:hi] = over[lo:hi]
-        j0, j1 = lo // b, (hi - 1) // b + 1
-        blocks = self.over2d[j0:j1]
-        self.max[j0:j1] = blocks.max(axis=1)
-        self.min_pos[j0:j1] = np.where(blocks > 0, blocks, np.inf).min(axis=1)
-
-    def window(self, lo: int, hi: int, size: float) -> float:
-        b = self.block
-        j0, j1 = -(-lo // b), hi // b  # the whole blocks inside [lo, hi)
-        flat_t, flat_o = self.tau2d.reshape(-1), self.over2d.reshape(-1)
-        if j0 >= j1:
-            return float(flat_t[lo:hi] @ np.minimum(flat_o[lo:hi], size))
-        total = float(flat_t[lo:j0 * b] @ np.minimum(flat_o[lo:j0 * b], size))
-        total += float(flat_t[j1 * b:hi] @ np.minimum(flat_o[j1 * b:hi], size))
-        under = self.max[j0:j1] <= size
-        above = ~under & (self.min_pos[j0:j1] >= size)
-        total += float(self.sums.local[j0:j1, -1][under].sum())
-        total += size * float(self.busy.local[j0:j1, -1][above].sum())
-        crossing = np.flatnonzero(~(under | above)) + j0
-        if len(crossing):
-            total += float((self.tau2d[crossing] * np.minimum(self.over2d[crossing], size)).sum())
-        return total
 
 
 class _Planner:
@@ -203,12 +118,7 @@ class _Planner:
         n = problem.num_ops
         self.n = n
         self.tau = problem.duration_us
-        self.over = np.maximum(problem.memory_bytes - hw.gpu_mem_bytes, 0).astype(np.float64)
-        self.num_over = int(np.count_nonzero(self.over))
-        # For upper bounds of benefits in O(1): sum of duration * over, and of duration where over > 0.
-        self.sum_over = _BlockPrefix(self.tau * self.over)
-        self.sum_busy = _BlockPrefix(self.tau * (self.over > 0))
-        self.exact = _BlockExact(self.tau, self.over, self.sum_over, self.sum_busy)
+        self.excess = Excess(self.tau, np.maximum(problem.memory_bytes - hw.gpu_mem_bytes, 0).astype(np.float64))
         slot_s = problem.duration_us * 1e-6
         self.channels = {
             name: Channel(bw * slot_s) for name, bw in hw.channel_bw().items()
@@ -227,27 +137,9 @@ class _Planner:
             return [(a - n, b - n)]
         return [(a, n), (0, b - n)]
 
-    def _benefit(self, a: int, b: int, size: float) -> float:
-        return sum(self.exact.window(lo, hi, size) for lo, hi in self._segments(a, b))
-
-    def _upper_bound(self, a: int, b: int, size: float) -> float:
-        """An upper bound of ``_benefit`` in O(1): min(sum tau * over, size * sum tau [over > 0])."""
-        t_over = t_busy = 0.0
-        for lo, hi in self._segments(a, b):
-            t_over += self.sum_over.prefix(hi) - self.sum_over.prefix(lo)
-            t_busy += self.sum_busy.prefix(hi) - self.sum_busy.prefix(lo)
-        return min(t_over, size * t_busy) * (1 + 1e-9) + 1e-9  # float noise must not make it too low
-
     def _free_memory(self, a: int, b: int, size: float) -> None:
         for lo, hi in self._segments(a, b):
-            seg = self.over[lo:hi]
-            before = int(np.count_nonzero(seg))
-            np.maximum(seg - size, 0.0, out=seg)
-            self.num_over -= before - int(np.count_nonzero(seg))
-            tau = self.tau[lo:hi]
-            self.sum_over.assign(lo, hi, tau * seg)
-            self.sum_busy.assign(lo, hi, tau * (seg > 0))
-            self.exact.refresh(lo, hi, self.over)
+            self.excess.free(lo, hi, size)
 
     # A host copy is held from the offload's trigger op through the op that needs the
     # tensor back: its prefetch may end in that op's wait, after the next offloads start.
@@ -268,98 +160,99 @@ class _Planner:
         for lo, hi in self._host_span(i):
             self.host_used[lo:hi] += float(self.p.size_bytes[i])
 
-    def _window(self, i: int, target: str) -> tuple[int, int]:
-        """First op with the memory free and the op the prefetch starts at (a trailing
-        period: its end), on ``target``."""
-        s, e, size = int(self.p.start_op[i]), int(self.p.end_op[i]), float(self.p.size_bytes[i])
-        done = self.channels[f"{target}_write"].earliest_end(s + 1, size)
-        if not self.p.reads_back[i]:
-            return done + 1, e
-        start = self.channels[f"{target}_read"].latest_start(e, size)
-        return done + 1, start
+    def _windows(self, cand: np.ndarray, target: str) -> tuple[np.ndarray, np.ndarray]:
+        """Per period of ``cand`` on ``target`` now: the first op with its memory free and the op its
+        prefetch starts at (a trailing period: its end), on the unrolled axis."""
+        p = self.p
+        s, e, size = p.start_op[cand], p.end_op[cand], p.size_bytes[cand].astype(np.float64)
+        first = np.minimum(self.channels[f"{target}_write"].earliest_end(s + 1, size) + 1, 2 * self.n)
+        start = np.where(p.reads_back[cand], self.channels[f"{target}_read"].latest_start(e, size), e)
+        return first, start
 
-    def _cost_per_byte(self, i: int, target: str) -> float:
-        """Seconds per byte of period ``i``'s transfers on ``target``: out, and back unless trailing."""
+    def _cost_per_byte(self, cand: np.ndarray, target: str) -> np.ndarray:
+        """Seconds per byte of each period's transfers on ``target``: out, and back unless trailing."""
         bw = self.hw.channel_bw()
-        return 1 / bw[f"{target}_write"] + (1 / bw[f"{target}_read"] if self.p.reads_back[i] else 0.0)
+        return 1 / bw[f"{target}_write"] + np.where(self.p.reads_back[cand], 1 / bw[f"{target}_read"], 0.0)
+
+    def _scores(self, cand: np.ndarray, target: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Exact benefit/cost of each period of ``cand`` on ``target`` now (0 if its window is empty),
+        with its window ``[first, start)``."""
+        n = self.n
+        first, start = self._windows(cand, target)
+        size = self.p.size_bytes[cand].astype(np.float64)
+        # The window's parts in this iteration and in the next, as rows of one batch.
+        parts = self.excess.benefits(np.concatenate([np.minimum(first, n), np.maximum(first, n) - n]),
+                                     np.concatenate([np.minimum(start, n), np.maximum(start, n) - n]),
+                                     np.concatenate([size, size]))
+        score = quantize_array((parts[:len(cand)] + parts[len(cand):]) / (size * self._cost_per_byte(cand, target)))
+        return np.where(start > first, score, 0.0), first, start
 
     # ---- the greedy stages ------------------------------------------------------------------
-    def _initial_keys(self, candidates: np.ndarray, target: str) -> list[tuple[float, float, int, int, int]]:
-        """Heap entries ``(-upper bound of score, -size, period, window first op, window end)``
-        for fresh ``target`` channels."""
-        p, n = self.p, self.n
-        s, e = p.start_op[candidates], p.end_op[candidates]
-        back = p.reads_back[candidates]
-        size = p.size_bytes[candidates].astype(np.float64)
-        bw_w = getattr(self.hw, "ssd_write_bw_bytes_per_s" if target == "ssd" else "host_bw_bytes_per_s")
-        bw_r = getattr(self.hw, "ssd_read_bw_bytes_per_s" if target == "ssd" else "host_bw_bytes_per_s")
-        cap2 = np.tile(self.tau * 1e-6, 2)
-        cw = np.concatenate([[0.0], np.cumsum(cap2 * bw_w)])
-        cr = np.concatenate([[0.0], np.cumsum(cap2 * bw_r)])
-        first = np.searchsorted(cw, cw[s + 1] + size - 0.5, side="left")  # = done slot + 1
-        last = np.searchsorted(cr, cr[e] - size + 0.5, side="right") - 1  # prefetch start slot
-        last = np.where(back, last, e)  # a trailing period's memory is free until it dies
-        first = np.minimum(first, 2 * n)
-        last = np.clip(last, 0, 2 * n)
-        t_over = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * self.over, 2))])
-        t_any = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * (self.over > 0), 2))])
-        hi = np.maximum(last, first)
-        ub = np.minimum(t_over[hi] - t_over[first], size * (t_any[hi] - t_any[first]))
-        ub = np.where(last > first, ub, 0.0)
-        cost = size / bw_w + np.where(back, size / bw_r, 0.0)
-        score = quantize_array(ub * (1 + 1e-9) / cost)  # stays >= exact despite rounding
+    def _initial_keys(self, cand: np.ndarray, target: str) -> list[tuple[float, float, int]]:
+        """Heap entries ``(-upper bound of score, -size, period)`` from prefix sums over each window."""
+        first, last = self._windows(cand, target)
+        last = np.maximum(last, first)
+        size = self.p.size_bytes[cand].astype(np.float64)
+        over = self.excess.values()
+        t_over = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * over, 2))])
+        t_any = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * (over > 0), 2))])
+        ub = np.minimum(t_over[last] - t_over[first], size * (t_any[last] - t_any[first]))
+        score = quantize_array(ub * (1 + 1e-9) / (size * self._cost_per_byte(cand, target)))  # stays >= exact
         keep = score > 0
-        return list(zip((-score[keep]).tolist(), (-size[keep]).tolist(), candidates[keep].tolist(),
-                        first[keep].tolist(), last[keep].tolist(), strict=True))
+        return list(zip((-score[keep]).tolist(), (-size[keep]).tolist(), cand[keep].tolist(), strict=True))
 
     def greedy_stage(self, target: str, tolerance: float = 0.0) -> None:
         """Accept candidates on ``target`` by best benefit/cost until memory fits or none helps.
 
-        See NOTE [ Lazy greedy ] for ``tolerance``.
+        See NOTE [ Lazy greedy ] for the batches and ``tolerance``.
         """
         p = self.p
         # Out at s + 1 at the earliest, free from s + 2, back by e - 1 at the latest (or dead at e).
         useful = (p.end_op - p.start_op >= np.where(p.reads_back, 4, 3)) & ~self.selected
         heap = self._initial_keys(np.flatnonzero(useful), target)
         heapq.heapify(heap)
-        while heap and self.num_over > 0:
-            neg_key, neg_size, i, first, start = heapq.heappop(heap)
-            size = -neg_size
-            per_cost = 1.0 / (size * self._cost_per_byte(i, target))
-            # Cheapest first: the bound over the window it had (windows only narrow), then the
-            # bound over its current window, then the exact score; each is an upper bound of the
-            # next (and the key it had stays one), so a candidate that loses at any step is
-            # pushed back with that bound.
-            score = min(-neg_key, quantize(self._upper_bound(first, start, size) * per_cost))
-            if score <= 0:
+        # Scored since the last acceptance, in the order popped, each better than those before it
+        # (one after a better one is never chosen first) and within the tolerance of the last, the best.
+        fresh: list[tuple[float, float, int, int, int]] = []
+        while (heap or fresh) and self.excess.num_over > 0:
+            chosen = next((e for e in fresh if not heap or self._wins(e, heap[0], tolerance)), None)
+            if chosen is not None:
+                self._accept(chosen[2], target, chosen[3], chosen[4])
+                for entry in fresh:
+                    if entry is not chosen:
+                        heapq.heappush(heap, entry[:3])
+                fresh = []
                 continue
-            if not self._wins(heap, (-score, neg_size, i), tolerance):
-                heapq.heappush(heap, (-score, neg_size, i, first, start))
-                continue
-            if target == "host" and not self._host_fits(i):
-                continue  # host use only grows: it never fits again
-            first, start = self._window(i, target)
-            if start <= first:
-                continue  # windows only narrow: never feasible again
-            for exact in (False, True):
-                benefit = self._benefit(first, start, size) if exact else self._upper_bound(first, start, size)
-                score = min(score, quantize(benefit * per_cost))
-                if score <= 0 or not self._wins(heap, (-score, neg_size, i), tolerance):
-                    break
-            else:
-                self._accept(i, target, first, start)
-                continue
-            if score > 0:
-                heapq.heappush(heap, (-score, neg_size, i, first, start))
+            batch: list[tuple[float, float, int]] = []
+            while heap and len(batch) < _BATCH and not (fresh and self._wins(fresh[-1], heap[0], tolerance)):
+                batch.append(heapq.heappop(heap))
+            # Those left out wait in the heap: until the next acceptance the best only gets better.
+            for entry in self._rescore(batch, target):
+                if fresh and fresh[-1][:3] <= entry[:3]:
+                    heapq.heappush(heap, entry[:3])
+                    continue
+                while fresh and not self._wins(fresh[0], entry, tolerance):
+                    heapq.heappush(heap, fresh.pop(0)[:3])
+                fresh.append(entry)
+
+    def _rescore(self, batch: list[tuple[float, float, int]], target: str) -> list[tuple[float, float, int, int, int]]:
+        """Fresh entries ``(-score, -size, period, first, start)`` of the heap entries ``batch``; those
+        that can no longer help are dropped (scores only fall, host use only grows)."""
+        if target == "host":
+            batch = [entry for entry in batch if self._host_fits(entry[2])]
+        cand = np.array([i for _, _, i in batch], np.int64)
+        score, first, start = self._scores(cand, target)
+        # Keys are upper bounds; the min keeps a float-noise excess of the exact score out.
+        score = np.minimum(score, [-key for key, _, _ in batch])
+        keep = score > 0
+        size = self.p.size_bytes[cand[keep]].astype(np.float64)
+        return list(zip((-score[keep]).tolist(), (-size).tolist(), cand[keep].tolist(),
+                        first[keep].tolist(), start[keep].tolist(), strict=True))
 
     @staticmethod
-    def _wins(heap: list[tuple[float, float, int, int, int]], key: tuple[float, float, int],
-              tolerance: float) -> bool:
-        """Whether a candidate with ``key`` may be accepted before everything left in ``heap``."""
-        if not heap:
-            return True
-        top = heap[0]
-        return key <= top[:3] or (tolerance > 0 and -key[0] >= (1.0 - tolerance) * -top[0])
+    def _wins(entry: tuple[float, ...], rival: tuple[float, ...], tolerance: float) -> bool:
+        """Whether a fresh ``entry`` may be accepted before ``rival`` (a heap top: before all of the heap)."""
+        return entry[:3] <= rival[:3] or (tolerance > 0 and -entry[0] >= (1.0 - tolerance) * -rival[0])
 
     def _accept(self, i: int, target: str, first: int, start: int) -> None:
         p = self.p
@@ -410,18 +303,18 @@ class _Planner:
                           who[order].tolist(), shift[order].tolist(), strict=True))
         heap: list[tuple[int, int, int, int]] = []
         nxt = 0
-        for k in np.flatnonzero(self.over > 0).tolist():
-            if self.over[k] <= 0:
+        for k in np.flatnonzero(self.excess.values() > 0).tolist():
+            if self.excess.at(k) <= 0:
                 continue
             while nxt < len(events) and add_at[nxt] <= k:
                 heapq.heappush(heap, events[nxt])
                 nxt += 1
-            while self.over[k] > 0 and heap:
+            while self.excess.at(k) > 0 and heap:
                 _, neg_end, i, sh = heapq.heappop(heap)
                 if -neg_end <= k or self.selected[i]:
                     continue
                 self._accept_stalling(i, k + sh)
-            if self.over[k] > 0:
+            if self.excess.at(k) > 0:
                 self._stretch_moves(k)
 
     def _accept_stalling(self, i: int, k: int) -> None:
@@ -430,8 +323,8 @@ class _Planner:
         s, e, size = int(p.start_op[i]), int(p.end_op[i]), float(p.size_bytes[i])
         target = "ssd"
         if self.hw.host_mem_bytes > 0 and self._host_fits(i):
-            ssd_done = self.channels["ssd_write"].earliest_end(s + 1, size)
-            host_done = self.channels["host_write"].earliest_end(s + 1, size)
+            ssd_done = int(self.channels["ssd_write"].earliest_end(s + 1, size))
+            host_done = int(self.channels["host_write"].earliest_end(s + 1, size))
             target = "host" if host_done < ssd_done else "ssd"
         done = self.channels[f"{target}_write"].reserve(s + 1, size)
         first = min(done + 1, k)
@@ -439,7 +332,7 @@ class _Planner:
             self._add_move(i, target, first, e)
             return
         read = self.channels[f"{target}_read"]
-        start = read.latest_start(e, size)
+        start = int(read.latest_start(e, size))
         if start <= k:  # the read channel is taken: the prefetch will be late, but not early
             start = read.latest_start_alone(e, size)
         start = min(max(start, k + 1), e)
@@ -450,7 +343,7 @@ class _Planner:
         """Widen planned windows to cover op ``k`` (see NOTE [ Stall fixes ])."""
         n = self.n
         for m, mv in enumerate(self.moves):
-            if self.over[k] <= 0:
+            if self.excess.at(k) <= 0:
                 return
             for ku in (k, k + n):
                 if not mv.start_op < ku < mv.end_op:
@@ -485,10 +378,10 @@ def plan_greedy(problem: PlanProblem, hw: Hardware, *, tolerance: float = DEFAUL
         raise ValueError(f"tolerance must be in [0, 1), not {tolerance}")
     check_capacity(problem, hw.gpu_mem_bytes)
     planner = _Planner(problem, hw)
-    if planner.num_over:
+    if planner.excess.num_over:
         planner.greedy_stage("ssd", tolerance)
-    if planner.num_over and hw.host_mem_bytes > 0:
+    if planner.excess.num_over and hw.host_mem_bytes > 0:
         planner.greedy_stage("host", tolerance)
-    if planner.num_over:
+    if planner.excess.num_over:
         planner.fix_with_stalls()
     return planner.moves

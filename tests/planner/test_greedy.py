@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 import pytest
 
 from planner import Hardware, InfeasibleBudgetError, plan_greedy, plan_rank, problem_from_profile
-from planner.greedy import _Planner, quantize
+from planner.greedy import _Planner
 from profiles.synthetic import synthetic_profile
 from tests.planner.helpers import make_profile
 
@@ -77,24 +75,16 @@ def test_host_memory_is_used_when_the_ssd_is_too_slow() -> None:
 def _eager_ssd_choices(planner: _Planner) -> list[int]:
     """Algorithm 1 as written: re-score every candidate each round (SSD only)."""
     p = planner.p
-    bw = planner.hw.channel_bw()
-    per_byte = 1 / bw["ssd_write"] + 1 / bw["ssd_read"]
     chosen = []
-    while planner.num_over > 0:
-        best: list[tuple[float, float, int]] = []
-        for i in np.flatnonzero(~planner.selected & (p.end_op - p.start_op >= 4)).tolist():
-            first, start = planner._window(i, "ssd")
-            if start <= first:
-                continue
-            size = float(p.size_bytes[i])
-            score = quantize(planner._benefit(first, start, size) / (size * per_byte))
-            if score > 0:
-                heapq.heappush(best, (-score, -size, i))
-        if not best:
+    while planner.excess.num_over > 0:
+        cand = np.flatnonzero(~planner.selected & (p.end_op - p.start_op >= 4))
+        score, first, start = planner._scores(cand, "ssd")
+        entries = zip(-score, -p.size_bytes[cand].astype(float), cand.tolist(), first, start, strict=True)
+        best = min((e for e in entries if e[0] < 0), default=None)
+        if best is None:
             break
-        _, _, i = best[0]
-        planner._accept(i, "ssd", *planner._window(i, "ssd"))
-        chosen.append(i)
+        planner._accept(best[2], "ssd", best[3], best[4])
+        chosen.append(best[2])
     return chosen
 
 
