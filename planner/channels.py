@@ -68,7 +68,10 @@ class Channel:
         return self._before[j] + self._local[j, r]
 
     def _last_below(self, target: np.ndarray, inclusive: bool) -> np.ndarray:
-        """The largest ``p`` in ``[0, 2n]`` with ``prefix(p) < target`` (``<=`` if ``inclusive``); -1 if none."""
+        """The largest ``p`` in ``[0, 2n]`` with ``prefix(p) < target`` (``<=`` if ``inclusive``); -1 if none.
+
+        Holds one block of running sums per target: query a few thousand at a time.
+        """
         target = np.asarray(target, np.float64)
         j = np.searchsorted(self._before, target, side="right" if inclusive else "left") - 1
         jj = np.clip(j, 0, len(self._local) - 1)

@@ -24,18 +24,26 @@ ops wait for (see NOTE [ Stall fixes ]).
 NOTE [ Lazy greedy ]: benefits only shrink as the plan grows (windows narrow
 as bandwidth is reserved, ``M'`` only goes down), so a heap keyed by an upper
 bound of each candidate's score gives the same choices as re-scoring every
-candidate each round: pop the top, re-score it exactly, accept it if it still
-beats the next key, else push it back with its new score. The initial keys
-are upper bounds computed for all candidates at once with prefix sums; an
-exact score is one numpy pass over the window.
+candidate each round: re-score the top exactly and accept it if it still
+beats the next key. The initial keys are upper bounds computed for all
+candidates at once with prefix sums.
 
-Exact lazy greedy still re-scores most candidates after each choice when many
-share the over-capacity stretch (every choice narrows it a little for all of
-them). With ``tolerance = eps`` a re-scored candidate is accepted if its score
-is within ``1 - eps`` of the best key left (the threshold greedy of
-Badanidiyuru and Vondrak, SODA 2014): each choice is at least ``1 - eps`` times
-as good as the best, and a candidate is re-scored O(log(range) / eps) times
-instead of once per choice. ``tolerance = 0`` is exact (tested).
+Every choice narrows the over-capacity stretch a little for most candidates,
+so most are re-scored after each one. With ``tolerance = eps`` a re-scored
+candidate is accepted if its score is within ``1 - eps`` of the best key left
+(the threshold greedy of Badanidiyuru and Vondrak, SODA 2014): each choice is
+at least ``1 - eps`` times as good as the best, and a candidate is re-scored
+O(log(range) / eps) times instead of once per choice. ``tolerance = 0`` is
+exact (tested).
+
+Scoring is batched: up to ``_BATCH`` entries are popped at once and scored in
+one numpy pass (windows from ``planner.channels``, benefits from
+``planner.excess``, NOTE [ Excess blocks ]). The scored ones since the last
+choice are *fresh*; the first of them (in the order popped) that wins against
+the other fresh ones and the heap's top is accepted, and the others go back
+with their exact scores as keys. A fresh one that a better fresh
+one beats by more than the tolerance goes back at once: the best only gets
+better until the next choice.
 """
 
 from __future__ import annotations
@@ -190,8 +198,10 @@ class _Planner:
     # ---- the greedy stages ------------------------------------------------------------------
     def _initial_keys(self, cand: np.ndarray, target: str) -> list[tuple[float, float, int]]:
         """Heap entries ``(-upper bound of score, -size, period)`` from prefix sums over each window."""
-        first, last = self._windows(cand, target)
-        last = np.maximum(last, first)
+        # In chunks: a window query holds a block of the channel per candidate (planner.channels).
+        chunks = [self._windows(c, target) for c in np.array_split(cand, len(cand) // 4096 + 1)]
+        first = np.concatenate([f for f, _ in chunks])
+        last = np.maximum(np.concatenate([s for _, s in chunks]), first)
         size = self.p.size_bytes[cand].astype(np.float64)
         over = self.excess.values()
         t_over = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * over, 2))])
