@@ -149,11 +149,12 @@ class _Planner:
         for lo, hi in self._segments(a, b):
             self.excess.free(lo, hi, size)
 
-    # A host copy is held from the offload's trigger op through the op that needs the
-    # tensor back: its prefetch may end in that op's wait, after the next offloads start.
-    # A trailing period's copy is held until the storage dies.
+    # A host copy is held from the offload's trigger op through op ``end_op``, both
+    # counted: the prefetch may end in that op's wait, and a trailing period's copy is
+    # dropped when its storage dies, before ``end_op`` runs but after the offloads that op
+    # triggers have started (planner.simulate).
     def _host_span(self, i: int) -> list[tuple[int, int]]:
-        s, e = int(self.p.start_op[i]), int(self.p.end_op[i]) + int(self.p.reads_back[i])
+        s, e = int(self.p.start_op[i]), int(self.p.end_op[i]) + 1
         return self._segments(s + 1, min(e, s + 1 + self.n))
 
     def _host_fits(self, i: int) -> bool:

@@ -72,6 +72,23 @@ def test_host_memory_is_used_when_the_ssd_is_too_slow() -> None:
     assert [m.target for m in moves] == ["host"]
 
 
+def test_a_trailing_host_copy_is_held_through_the_op_its_storage_dies_at() -> None:
+    """T (100 B) dies at op 4 after its last use at op 0; U (100 B) is idle over ops 4-7.
+    The simulator starts op 4's offloads before it drops T's copy, so with room for one
+    100 B copy on the host T and U's offload at op 4 cannot both go there."""
+    accesses = [(0, 0), (3, 1), (8, 1), (5, 2), (6, 2)] + [(k, 3) for k in range(10)]
+    profile = make_profile([100.0] * 10, [
+        {"tensor_id": 0, "size_bytes": 100, "persistent": False, "alloc_op": 0, "free_op": 4},
+        {"tensor_id": 1, "size_bytes": 100},
+        {"tensor_id": 2, "size_bytes": 100, "persistent": False, "alloc_op": 5, "free_op": 7},
+        {"tensor_id": 3, "size_bytes": 10}], accesses)
+    slow_ssd = Hardware(gpu_mem_bytes=150, ssd_read_bw_bytes_per_s=1e3, ssd_write_bw_bytes_per_s=1e3,
+                        host_bw_bytes_per_s=1e7, host_mem_bytes=100)
+    result = plan_rank(problem_from_profile(profile), slow_ssd)
+    assert result.sim.fits
+    assert result.sim.host_peak_bytes <= 100
+
+
 def _eager_ssd_choices(planner: _Planner) -> list[int]:
     """Algorithm 1 as written: re-score every candidate each round (SSD only)."""
     p = planner.p
