@@ -226,7 +226,7 @@ class _Planner:
         # (one after a better one is never chosen first) and within the tolerance of the last, the best.
         fresh: list[tuple[float, float, int, int, int]] = []
         while (heap or fresh) and self.excess.num_over > 0:
-            chosen = next((e for e in fresh if not heap or self._wins(e, heap[0], tolerance)), None)
+            chosen = self._first_winner(fresh, heap[0] if heap else None, tolerance)
             if chosen is not None:
                 self._accept(chosen[2], target, chosen[3], chosen[4])
                 for entry in fresh:
@@ -259,6 +259,26 @@ class _Planner:
         size = self.p.size_bytes[cand[keep]].astype(np.float64)
         return list(zip((-score[keep]).tolist(), (-size).tolist(), cand[keep].tolist(),
                         first[keep].tolist(), start[keep].tolist(), strict=True))
+
+    @classmethod
+    def _first_winner(cls, fresh: list[tuple[float, float, int, int, int]], top: tuple[float, float, int] | None,
+                      tolerance: float) -> tuple[float, float, int, int, int] | None:
+        """The first entry of ``fresh`` that wins against the heap's ``top`` (None: an empty heap), if any.
+
+        ``fresh`` is ordered worst to best, so those that win are a suffix of it: found by bisection.
+        """
+        if not fresh or (top is not None and not cls._wins(fresh[-1], top, tolerance)):
+            return None
+        if top is None:
+            return fresh[0]
+        lo, hi = 0, len(fresh) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if cls._wins(fresh[mid], top, tolerance):
+                hi = mid
+            else:
+                lo = mid + 1
+        return fresh[lo]
 
     @staticmethod
     def _wins(entry: tuple[float, ...], rival: tuple[float, ...], tolerance: float) -> bool:
