@@ -22,34 +22,44 @@ within the host-memory limit. What still does not fit is fixed by offloads that
 ops wait for (see NOTE [ Stall fixes ]).
 
 NOTE [ Lazy greedy ]: benefits only shrink as the plan grows (windows narrow
-as bandwidth is reserved, ``M'`` only goes down), so a heap keyed by an upper
-bound of each candidate's score gives the same choices as re-scoring every
-candidate each round: re-score the top exactly and accept it if it still
-beats the next key. The initial keys are upper bounds computed for all
-candidates at once with prefix sums.
+as bandwidth is reserved, ``M'`` only goes down), so each candidate's last
+score is an upper bound of its score now: a *key*. The initial keys are upper
+bounds computed for all candidates at once with prefix sums.
 
-Every choice narrows the over-capacity stretch a little for most candidates,
-so most are re-scored after each one. With ``tolerance = eps`` a re-scored
-candidate is accepted if its score is within ``1 - eps`` of the best key left
-(the threshold greedy of Badanidiyuru and Vondrak, SODA 2014): each choice is
-at least ``1 - eps`` times as good as the best, and a candidate is re-scored
-O(log(range) / eps) times instead of once per choice. ``tolerance = 0`` is
-exact (tested).
-
-Scoring is batched: up to ``_BATCH`` entries are popped at once and scored in
-one numpy pass (windows from ``planner.channels``, benefits from
+``tolerance = 0`` (exact, tested against re-scoring every candidate each
+round): a heap of keys; re-score the top and accept it if it still beats the
+next key. Scoring is batched: up to ``_BATCH`` entries are popped at once and
+scored in one numpy pass (windows from ``planner.channels``, benefits from
 ``planner.excess``, NOTE [ Excess blocks ]). The scored ones since the last
 choice are *fresh*; the first of them (in the order popped) that wins against
 the other fresh ones and the heap's top is accepted, and the others go back
-with their exact scores as keys. A fresh one that a better fresh
-one beats by more than the tolerance goes back at once: the best only gets
-better until the next choice.
+with their exact scores as keys.
+
+``tolerance = eps > 0``: the threshold greedy in levels (after Badanidiyuru
+and Vondrak, SODA 2014), with the keys in one array. A level starts at
+``top``, the largest key, and accepts only candidates whose score now is at
+least ``(1 - eps) * top``. Every key above that threshold that is not exact
+is re-scored first, in batches of up to ``_LEVEL_CHUNK`` (if ``top`` falls,
+the level starts again lower); then the best is accepted, and the others above
+the threshold are re-checked in order, a few at a time, each accepted if its
+score is still above. Guarantee: every accepted candidate scores at least
+``1 - eps`` times the best score any candidate has at that moment (keys only
+fall, so no candidate scores over the level's ``top``; tested). The level
+ends when none above the threshold is left, or after ``_MAX_MISSES`` re-checks
+in a row fall under it: every choice narrows the over-capacity stretch a
+little for most candidates, so their scores tend to fall together, and the
+next level re-scores them in one batch rather than one call each. A candidate
+is re-scored about once per level it takes part in, and levels fall by about
+``1 - eps`` each: some log(range) / eps times in all, as with the heap, but
+nearly all of it in batches of thousands (at 100k ops, 3.2 million re-scorings
+in 879 batches and 56 thousand single re-checks for 55 thousand choices).
+The choices differ from the heap's (BENCHMARKS.md, planner tolerance).
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -107,14 +117,32 @@ class Move:
 # lower period index.
 _BITS = 32
 
-# Candidates scored at once (NOTE [ Lazy greedy ]).
+# Candidates scored at once (NOTE [ Lazy greedy ]): by the heap; at most, by the threshold levels.
 _BATCH = 32
+_LEVEL_CHUNK = 4096
+_MAX_MISSES = 64
 
 
 def quantize_array(x: np.ndarray) -> np.ndarray:
     """``x`` (>= 0) rounded to ``_BITS`` significant bits; monotone, 0 stays 0."""
     mantissa, exponent = np.frexp(np.asarray(x, np.float64))
     return np.ldexp(np.round(mantissa * 2.0**_BITS), exponent - _BITS)
+
+
+@dataclass
+class _Candidates:
+    """The candidates of one threshold stage (NOTE [ Lazy greedy ]), as parallel arrays."""
+
+    cand: np.ndarray  # (m,) int64 period indices
+    key: np.ndarray  # (m,) float64 upper bound of each score; 0: no longer helps
+    first: np.ndarray = field(init=False)  # (m,) int64 the window when last scored: first op free
+    start: np.ndarray = field(init=False)  # (m,) int64 ... and the op the prefetch starts at
+    exact: np.ndarray = field(init=False)  # (m,) bool scored since the last acceptance: the key is exact
+
+    def __post_init__(self) -> None:
+        self.first = np.zeros(len(self.cand), np.int64)
+        self.start = np.zeros(len(self.cand), np.int64)
+        self.exact = np.zeros(len(self.cand), bool)
 
 
 class _Planner:
@@ -197,8 +225,8 @@ class _Planner:
         return np.where(start > first, score, 0.0), first, start
 
     # ---- the greedy stages ------------------------------------------------------------------
-    def _initial_keys(self, cand: np.ndarray, target: str) -> list[tuple[float, float, int]]:
-        """Heap entries ``(-upper bound of score, -size, period)`` from prefix sums over each window."""
+    def _initial_key_array(self, cand: np.ndarray, target: str) -> np.ndarray:
+        """(len(cand),) upper bounds of each candidate's score now, from prefix sums over each window."""
         # In chunks: a window query holds a block of the channel per candidate (planner.channels).
         chunks = [self._windows(c, target) for c in np.array_split(cand, len(cand) // 4096 + 1)]
         first = np.concatenate([f for f, _ in chunks])
@@ -208,19 +236,88 @@ class _Planner:
         t_over = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * over, 2))])
         t_any = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * (over > 0), 2))])
         ub = np.minimum(t_over[last] - t_over[first], size * (t_any[last] - t_any[first]))
-        score = quantize_array(ub * (1 + 1e-9) / (size * self._cost_per_byte(cand, target)))  # stays >= exact
+        return quantize_array(ub * (1 + 1e-9) / (size * self._cost_per_byte(cand, target)))  # stays >= exact
+
+    def _initial_keys(self, cand: np.ndarray, target: str) -> list[tuple[float, float, int]]:
+        """Heap entries ``(-upper bound of score, -size, period)`` of the candidates that may help."""
+        score = self._initial_key_array(cand, target)
+        size = self.p.size_bytes[cand].astype(np.float64)
         keep = score > 0
         return list(zip((-score[keep]).tolist(), (-size[keep]).tolist(), cand[keep].tolist(), strict=True))
 
     def greedy_stage(self, target: str, tolerance: float = 0.0) -> None:
         """Accept candidates on ``target`` by best benefit/cost until memory fits or none helps.
 
-        See NOTE [ Lazy greedy ] for the batches and ``tolerance``.
+        ``tolerance = 0``: the lazy heap, exact; above 0: the threshold levels (NOTE [ Lazy greedy ]).
         """
         p = self.p
         # Out at s + 1 at the earliest, free from s + 2, back by e - 1 at the latest (or dead at e).
         useful = (p.end_op - p.start_op >= np.where(p.reads_back, 4, 3)) & ~self.selected
-        heap = self._initial_keys(np.flatnonzero(useful), target)
+        if tolerance > 0:
+            self._threshold_stage(np.flatnonzero(useful), target, tolerance)
+        else:
+            self._heap_stage(np.flatnonzero(useful), target)
+
+    def _threshold_stage(self, cand: np.ndarray, target: str, tolerance: float) -> None:
+        """The threshold greedy in levels (NOTE [ Lazy greedy ]); ``tolerance > 0``."""
+        c = _Candidates(cand, self._initial_key_array(cand, target))
+        size = self.p.size_bytes[cand].astype(np.float64)
+        while self.excess.num_over > 0 and len(cand) and (top := float(c.key.max())) > 0:
+            # Keys are upper bounds and only fall: until the level ends no candidate scores over ``top``.
+            threshold = (1.0 - tolerance) * top
+            stale = np.flatnonzero((c.key >= threshold) & ~c.exact)
+            if len(stale):
+                for chunk in np.array_split(stale, len(stale) // _LEVEL_CHUNK + 1):
+                    self._rescore_into(c, chunk, target)
+                continue  # ``top`` may have fallen
+            level = np.flatnonzero(c.key >= threshold)
+            level = level[np.lexsort((cand[level], -size[level], -c.key[level]))]  # best first; ties: larger, lower
+            j, pos = int(level[0]), 1
+            while j >= 0:
+                self._accept(int(cand[j]), target, int(c.first[j]), int(c.start[j]))
+                c.key[j] = 0.0
+                c.exact[:] = False
+                j, pos = self._next_in_level(c, level, pos, threshold, target)
+
+    def _next_in_level(self, c: _Candidates, level: np.ndarray, pos: int, threshold: float,
+                       target: str) -> tuple[int, int]:
+        """The next of ``level[pos:]`` whose score now is at least ``threshold`` and the position after it;
+        ``(-1, pos)`` when none is left or after ``_MAX_MISSES`` in a row fell under (a new level then
+        re-scores the stale ones in one batch: scores tend to fall together)."""
+        step, misses = 1, 0
+        while pos < len(level) and misses < _MAX_MISSES and self.excess.num_over > 0:
+            ahead = pos + np.flatnonzero(c.key[level[pos:pos + 4 * step]] >= threshold)[:step]
+            if not len(ahead):  # already under it
+                pos += 4 * step
+                continue
+            self._rescore_into(c, level[ahead], target)
+            hits = np.flatnonzero(c.key[level[ahead]] >= threshold)
+            if len(hits):
+                return int(level[ahead[hits[0]]]), int(ahead[hits[0]]) + 1
+            misses += len(ahead)
+            pos = int(ahead[-1]) + 1
+            step = min(2 * step, _MAX_MISSES)
+        return -1, pos
+
+    def _rescore_into(self, c: _Candidates, idx: np.ndarray, target: str) -> None:
+        """Score candidates ``idx`` of ``c`` now: exact keys and current windows."""
+        c.exact[idx] = True
+        if target == "host":
+            fits = np.array([self._host_fits(int(i)) for i in c.cand[idx]], bool)
+            c.key[idx[~fits]] = 0.0
+            idx = idx[fits]
+            if not len(idx):
+                return
+        score, first, start = self._scores(c.cand[idx], target)
+        # Keys are upper bounds; the min keeps a float-noise excess of the exact score out.
+        c.key[idx] = np.minimum(score, c.key[idx])
+        c.first[idx] = first
+        c.start[idx] = start
+
+    def _heap_stage(self, cand: np.ndarray, target: str) -> None:
+        """The lazy heap with batches, exact (``tolerance = 0``; NOTE [ Lazy greedy ])."""
+        tolerance = 0.0
+        heap = self._initial_keys(cand, target)
         heapq.heapify(heap)
         # Scored since the last acceptance, in the order popped, each better than those before it
         # (one after a better one is never chosen first) and within the tolerance of the last, the best.

@@ -115,3 +115,36 @@ def test_lazy_queue_makes_the_same_choices_as_rescoring_everything(seed: int) ->
     lazy.greedy_stage("ssd", tolerance=0.0)
     eager = _Planner(problem, h)
     assert [m.period for m in lazy.moves] == _eager_ssd_choices(eager)
+
+
+class _CheckedPlanner(_Planner):
+    """Checks at each acceptance that the choice scores within ``1 - tolerance`` of the best now."""
+
+    tolerance = 0.0
+    num_checked = 0
+
+    def _accept(self, i: int, target: str, first: int, start: int) -> None:
+        p = self.p
+        cand = np.flatnonzero(~self.selected & (p.end_op - p.start_op >= np.where(p.reads_back, 4, 3)))
+        if target == "host":
+            cand = np.array([c for c in cand if self._host_fits(int(c))], np.int64)
+        score, firsts, starts = self._scores(cand, target)
+        mine = int(np.flatnonzero(cand == i)[0])
+        assert score[mine] >= (1 - self.tolerance) * score.max() * (1 - 1e-9)
+        assert (firsts[mine], starts[mine]) == (first, start)  # the window it is accepted with is current
+        self.num_checked += 1
+        super()._accept(i, target, first, start)
+
+
+@pytest.mark.parametrize("tolerance", [0.02, 0.1, 0.3])
+@pytest.mark.parametrize("seed", range(4))
+def test_threshold_levels_choose_within_the_tolerance_of_the_best(seed: int, tolerance: float) -> None:
+    problem = problem_from_profile(synthetic_profile(4, 4, 2, num_extra=4, seed=seed))
+    peak = int(problem.memory_bytes.max())
+    rng = np.random.default_rng(seed)
+    h = hw(int(peak * rng.uniform(0.5, 0.9)), bw=rng.uniform(2, 64) * GB, host=peak)
+    planner = _CheckedPlanner(problem, h)
+    planner.tolerance = tolerance
+    planner.greedy_stage("ssd", tolerance)
+    planner.greedy_stage("host", tolerance)
+    assert planner.num_checked == len(planner.moves) > 0
