@@ -23,6 +23,17 @@ most ``size`` is zeroed once for good, and only a crossing block is rewritten.
 The memory curve changes gradually, so crossing blocks are few; a call costs
 O(sqrt(n)) numpy work, and a batch of ``m`` windows O(m sqrt(n)).
 
+Many windows at once (a batch of the greedy's threshold levels: thousands,
+each over tens of blocks, each with its own size) are summed otherwise:
+whether a block is under, above or crossing a size depends only on where the
+size falls among the blocks' largest and smallest positive ``over``, so the
+sizes fall into classes; per class present, prefix sums over the blocks of the
+under blocks' sums and the above blocks' busy time give each window's whole
+blocks in O(1), its crossing whole blocks are summed op by op, and its partial
+first and last blocks piece by piece. That is O(classes * num_blocks) once and
+O(1 + crossing blocks) per window instead of one piece per block (at 30k ops,
+43 pieces and 0.7 crossing blocks per window in those batches).
+
 Bytes are whole numbers far below 2^53, so ``over`` and its pending
 subtractions are exact in float64.
 """
@@ -34,6 +45,9 @@ import math
 import numpy as np
 
 __all__ = ["Excess"]
+
+# ``benefits`` sums whole blocks by prefix sums for at least this many windows (NOTE [ Excess blocks ]).
+_MANY_WINDOWS = 1024
 
 
 class Excess:
@@ -110,6 +124,12 @@ class Excess:
 
         ``lo``, ``hi``, ``size``: (m,) arrays, ``0 <= lo`` and ``hi <= n``; an empty window gives 0.
         """
+        if len(lo) < _MANY_WINDOWS:
+            return self._benefits_by_piece(lo, hi, size)
+        return self._benefits_by_class(lo, hi, size)
+
+    def _benefits_by_piece(self, lo: np.ndarray, hi: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """``benefits``, each window split into one piece per block it touches."""
         b = self.block
         m = len(lo)
         hi = np.maximum(hi, lo)
@@ -120,7 +140,55 @@ class Excess:
         block = first[row] + (np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts))
         x = np.clip(lo[row] - block * b, 0, b)
         y = np.clip(hi[row] - block * b, 0, b)
-        s = size[row]
+        return np.bincount(row, weights=self._block_benefits(block, x, y, size[row]), minlength=m)
+
+    def _benefits_by_class(self, lo: np.ndarray, hi: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """``benefits`` for many windows: the whole blocks inside each by prefix sums over the blocks
+        (NOTE [ Excess blocks ], many windows), its partial first and last blocks piece by piece."""
+        b, nb, m = self.block, self.num_blocks, len(lo)
+        hi = np.maximum(hi, lo)
+        # A block is under, above or crossing a size by where the size falls among the blocks'
+        # largest and smallest positive ``over``: at one of those values (class 2g + 1) or strictly
+        # between two (class 2g), each class with a representative size.
+        crit = np.unique(np.concatenate([self._max, self._min_pos[np.isfinite(self._min_pos)]]))
+        g = np.searchsorted(crit, size)
+        at = (g < len(crit)) & (crit[np.minimum(g, len(crit) - 1)] == size)
+        classes, which = np.unique(2 * g + at, return_inverse=True)
+        cg = classes // 2
+        below = np.where(cg > 0, crit[np.maximum(cg - 1, 0)], 0.0)
+        above_v = np.where(cg < len(crit), crit[np.minimum(cg, len(crit) - 1)], 2 * crit[-1] + 2)
+        rep = np.where(classes % 2 == 1, above_v, (below + above_v) / 2)[:, None]  # (classes, 1)
+        under = self._max[None, :] <= rep  # (classes, num_blocks)
+        above = ~under & (self._min_pos[None, :] >= rep)
+        cross = ~(under | above)
+        zero = np.zeros((len(classes), 1))
+        whole_under = np.hstack([zero, np.cumsum(under * (self._sum[:, b] - self._pending * self._busy[:, b]), axis=1)])
+        whole_busy = np.hstack([zero, np.cumsum(above * self._busy[:, b], axis=1)])
+        num_cross = np.hstack([zero, np.cumsum(cross, axis=1)]).astype(np.int64)
+        # The whole blocks inside each window: [first, end).
+        end = hi // b
+        first = np.minimum(-(-lo // b), end)
+        total = (whole_under[which, end] - whole_under[which, first]
+                 + size * (whole_busy[which, end] - whole_busy[which, first]))
+        # Crossing whole blocks, summed op by op.
+        counts = num_cross[which, end] - num_cross[which, first]
+        if counts.sum():
+            flat = np.flatnonzero(cross.reshape(-1))  # class * num_blocks + block, sorted
+            begin = np.searchsorted(flat, which * nb + first)
+            row = np.repeat(np.arange(m), counts)
+            k = np.repeat(begin, counts) + (np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts))
+            block = flat[k] % nb
+            total += np.bincount(row, weights=self._block_benefits(block, np.zeros_like(block), np.full_like(block, b),
+                                                                   size[row]), minlength=m)
+        # The partial blocks at either end (a window inside one block: all of it in the first).
+        head_end = np.minimum(hi, -(-lo // b) * b)
+        edges = self._benefits_by_piece(np.concatenate([lo, np.maximum(end * b, head_end)]),
+                                        np.concatenate([head_end, hi]), np.concatenate([size, size]))
+        return total + edges[:m] + edges[m:]
+
+    def _block_benefits(self, block: np.ndarray, x: np.ndarray, y: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """(len(block),) ``sum duration * min(over, s)`` over ops ``[x, y)`` of each ``block`` (offsets in it)."""
+        b = self.block
         under = self._max[block] <= s
         above = ~under & (self._min_pos[block] >= s)
         busy = self._busy[block, y] - self._busy[block, x]
@@ -133,4 +201,4 @@ class Excess:
             cols = np.arange(b)
             inside = (cols >= x[cross, None]) & (cols < y[cross, None])
             total[cross] = (np.where(inside, self._tau[jc], 0.0) * np.minimum(over, s[cross, None])).sum(axis=1)
-        return np.bincount(row, weights=total, minlength=m)
+        return total
