@@ -24,7 +24,8 @@ sums of their blocks and the sums before every block, O(slots + block +
 of 32 candidates, two queries each: some hundred block scans per reservation,
 hence blocks smaller than ``sqrt(2 n)`` (at 30k ops, blocks of 32 and 64 slots
 gave 18.5-20.0 s of greedy time against 21.1-26.3 s for 256, on a shared
-machine).
+machine; tuned for the lazy heap, not re-tuned for the threshold levels'
+larger batches).
 """
 
 from __future__ import annotations
