@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 import pytest
 
 from planner import Hardware, InfeasibleBudgetError, plan_greedy, plan_rank, problem_from_profile
-from planner.greedy import _Planner, quantize
+from planner.greedy import _Planner
 from profiles.synthetic import synthetic_profile
 from tests.planner.helpers import make_profile
 
@@ -94,24 +92,16 @@ def test_a_trailing_host_copy_is_held_through_the_op_its_storage_dies_at() -> No
 def _eager_ssd_choices(planner: _Planner) -> list[int]:
     """Algorithm 1 as written: re-score every candidate each round (SSD only)."""
     p = planner.p
-    bw = planner.hw.channel_bw()
-    per_byte = 1 / bw["ssd_write"] + 1 / bw["ssd_read"]
     chosen = []
-    while planner.num_over > 0:
-        best: list[tuple[float, float, int]] = []
-        for i in np.flatnonzero(~planner.selected & (p.end_op - p.start_op >= 4)).tolist():
-            first, start = planner._window(i, "ssd")
-            if start <= first:
-                continue
-            size = float(p.size_bytes[i])
-            score = quantize(planner._benefit(first, start, size) / (size * per_byte))
-            if score > 0:
-                heapq.heappush(best, (-score, -size, i))
-        if not best:
+    while planner.excess.num_over > 0:
+        cand = np.flatnonzero(~planner.selected & (p.end_op - p.start_op >= 4))
+        score, first, start = planner._scores(cand, "ssd")
+        entries = zip(-score, -p.size_bytes[cand].astype(float), cand.tolist(), first, start, strict=True)
+        best = min((e for e in entries if e[0] < 0), default=None)
+        if best is None:
             break
-        _, _, i = best[0]
-        planner._accept(i, "ssd", *planner._window(i, "ssd"))
-        chosen.append(i)
+        planner._accept(best[2], "ssd", best[3], best[4])
+        chosen.append(best[2])
     return chosen
 
 
@@ -125,3 +115,36 @@ def test_lazy_queue_makes_the_same_choices_as_rescoring_everything(seed: int) ->
     lazy.greedy_stage("ssd", tolerance=0.0)
     eager = _Planner(problem, h)
     assert [m.period for m in lazy.moves] == _eager_ssd_choices(eager)
+
+
+class _CheckedPlanner(_Planner):
+    """Checks at each acceptance that the choice scores within ``1 - tolerance`` of the best now."""
+
+    tolerance = 0.0
+    num_checked = 0
+
+    def _accept(self, i: int, target: str, first: int, start: int) -> None:
+        p = self.p
+        cand = np.flatnonzero(~self.selected & (p.end_op - p.start_op >= np.where(p.reads_back, 4, 3)))
+        if target == "host":
+            cand = np.array([c for c in cand if self._host_fits(int(c))], np.int64)
+        score, firsts, starts = self._scores(cand, target)
+        mine = int(np.flatnonzero(cand == i)[0])
+        assert score[mine] >= (1 - self.tolerance) * score.max() * (1 - 1e-9)
+        assert (firsts[mine], starts[mine]) == (first, start)  # the window it is accepted with is current
+        self.num_checked += 1
+        super()._accept(i, target, first, start)
+
+
+@pytest.mark.parametrize("tolerance", [0.02, 0.1, 0.3])
+@pytest.mark.parametrize("seed", range(4))
+def test_threshold_levels_choose_within_the_tolerance_of_the_best(seed: int, tolerance: float) -> None:
+    problem = problem_from_profile(synthetic_profile(4, 4, 2, num_extra=4, seed=seed))
+    peak = int(problem.memory_bytes.max())
+    rng = np.random.default_rng(seed)
+    h = hw(int(peak * rng.uniform(0.5, 0.9)), bw=rng.uniform(2, 64) * GB, host=peak)
+    planner = _CheckedPlanner(problem, h)
+    planner.tolerance = tolerance
+    planner.greedy_stage("ssd", tolerance)
+    planner.greedy_stage("host", tolerance)
+    assert planner.num_checked == len(planner.moves) > 0
