@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -114,6 +115,17 @@ def make_backends(backend: str, swap_dir: str | os.PathLike[str] | None,
     return {"ssd": PosixBackend(swap_dir), "host": host}
 
 
+def first_iteration_warning(run_plan: RunPlan, device_bytes: int) -> str | None:
+    """Why the first iteration may not fit ``device_bytes``: it is not followed (it
+    differs from the profile), so it needs the profiled peak. None if that fits."""
+    peak = int(run_plan.summary.get("peak_before_bytes") or 0)
+    if peak <= device_bytes:
+        return None
+    return (f"iteration 0 is not followed and needs the profiled peak, {peak / 2**30:.2f} GiB, "
+            f"more than the device's {device_bytes / 2**30:.2f} GiB: it may run out of memory "
+            "before the plan starts (iterations 1 on follow it)")
+
+
 def _has_kvikio() -> bool:
     try:
         import kvikio  # noqa: F401
@@ -134,6 +146,10 @@ def offload(plan: str | os.PathLike[str] | RunPlan, *, swap_dir: str | os.PathLi
     on error and on Ctrl-C (SIGTERM is turned into ``SystemExit``).
     """
     run_plan = plan if isinstance(plan, RunPlan) else load_run_plan(plan)
+    if torch.cuda.is_available():
+        why = first_iteration_warning(run_plan, torch.cuda.mem_get_info()[1])
+        if why is not None:
+            warnings.warn(f"teraio: {why}", RuntimeWarning, stacklevel=3)
     host_bytes = host_mem_bytes or run_plan.host_mem_bytes or DEFAULT_HOST_POOL_BYTES
     backends = make_backends(backend, swap_dir, min(host_bytes, DEFAULT_HOST_POOL_BYTES * 64))
     engine = MigrationEngine(num_workers)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from profiles import inactive_periods
-from runtime.api import RunPlan, offload
+from runtime.api import RunPlan, first_iteration_warning, offload
 from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.executor import Move
 from torch_patch import ProfileComplete, Tracer
@@ -140,3 +140,10 @@ def test_divergence_mid_run_falls_back_and_stays_exact(plan: RunPlan) -> None:
     assert losses == expected_losses
     assert all(torch.equal(a, b) for a, b in zip(params, expected_params, strict=True))
     assert ex.divergence_reported and not ex.moved
+
+
+def test_first_iteration_warning_when_the_profiled_peak_exceeds_the_device() -> None:
+    run_plan = RunPlan("s", [], None, None, {"peak_before_bytes": 3 << 30})
+    assert first_iteration_warning(run_plan, 4 << 30) is None
+    why = first_iteration_warning(run_plan, 2 << 30)
+    assert why is not None and "3.00 GiB" in why and "2.00 GiB" in why
