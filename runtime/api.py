@@ -116,14 +116,16 @@ def make_backends(backend: str, swap_dir: str | os.PathLike[str] | None,
 
 
 def first_iteration_warning(run_plan: RunPlan, device_bytes: int) -> str | None:
-    """Why the first iteration may not fit ``device_bytes``: it is not followed (it
-    differs from the profile), so it needs the profiled peak. None if that fits."""
+    """Why the first iteration may not fit ``device_bytes``: it follows the plan only in
+    part (NOTE [ Following the first iteration ] in runtime.executor), so it may need up
+    to the profiled peak. None if that fits."""
     peak = int(run_plan.summary.get("peak_before_bytes") or 0)
     if peak <= device_bytes:
         return None
-    return (f"iteration 0 is not followed and needs the profiled peak, {peak / 2**30:.2f} GiB, "
-            f"more than the device's {device_bytes / 2**30:.2f} GiB: it may run out of memory "
-            "before the plan starts (iterations 1 on follow it)")
+    return (f"iteration 0 follows the plan only from where its ops match it until its optimizer "
+            f"makes its state, and may need up to the profiled peak, {peak / 2**30:.2f} GiB, more "
+            f"than the device's {device_bytes / 2**30:.2f} GiB: it may run out of memory "
+            "(iterations 1 on follow the plan)")
 
 
 def _has_kvikio() -> bool:
@@ -185,7 +187,7 @@ def run_report(executor: PlanExecutor, plan: RunPlan, wall_s: float) -> dict[str
     steady = s.iteration_s[1:] or s.iteration_s
     measured_iter = sorted(steady)[len(steady) // 2] if steady else None
     written, read = dict(s.bytes_written), dict(s.bytes_read)
-    # Iteration 0 is never followed (see runtime.executor): its peak is reported apart.
+    # Iteration 0 follows the plan only in part (see runtime.executor): its peak is reported apart.
     peaks = s.iteration_peak_bytes
     followed = peaks[executor.follow_from:] or peaks or [s.peak_tracked_bytes]
     rss = s.iteration_peak_rss_bytes

@@ -7,7 +7,8 @@ and (4) makes every input of op k resident, faulting in on demand whatever
 is not, plan or no plan. A prefetch that would take the tracked bytes over the
 plan's budget first waits for offloads in flight to make room, as the
 planner's simulator does. Waits are stalls, counted and timed. Iteration 0 is
-never followed (it differs from the profile: set-up and lazy optimizer state).
+followed only in part (it differs from the profile: set-up ops first, and the
+optimizer makes its state in it): NOTE [ Following the first iteration ].
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from runtime.engine import Job, MigrationEngine
 from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.storage import byte_view, free_storage, realloc_storage
-from torch_patch.identity import CARRIED_FLAG, PRODUCED_BASE, produced_by, produced_id
+from torch_patch.identity import CARRIED_FLAG, PRODUCED_BASE, produced_by, produced_id, shift_op
 from torch_patch.opstream import OpInfo, OpStream
 
 __all__ = ["Move", "PlanExecutor", "Residency"]
@@ -122,18 +123,7 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> Callable[[], 
     return run
 
 
-def _setup_ops(names: list[str] | None, seen: list[str]) -> int | None:
-    """``shift`` such that ``seen[k + shift]`` ran as the plan's op ``k`` (``names``), found
-    by 64 ops in a row; the plan's first few ops may be the tail of the step before (a
-    loss printed after ``opt.step()``), which the first iteration does not run."""
-    if not names or not seen:
-        return None
-    for start in range(min(16, len(names))):
-        anchor = names[start:start + 64]
-        for at in range(len(seen) - len(anchor) + 1):
-            if seen[at] == anchor[0] and seen[at:at + len(anchor)] == anchor:
-                return at - start
-    return None
+_ANCHOR = 32  # op names in a row that place the first iteration's ops on the plan's
 
 
 class PlanExecutor(OpStream):
@@ -166,7 +156,13 @@ class PlanExecutor(OpStream):
         self._iter_t0 = time.perf_counter()
         # transient id -> the id its storage got at the last boundary (NOTE [ Plan ids ])
         self._renamed_at_boundary: dict[int, int] = {}
-        self._unfollowed_names: list[str] = []  # op names of the iteration before the first followed
+        self._first_names: list[str] = []  # op names of iteration 0 (follow_from - 1)
+        # NOTE [ Following the first iteration ]
+        self._first_shift: int | None = None
+        self._first_stopped = False
+        self._anchors: dict[str, list[int]] = defaultdict(list)  # name -> plan ops an anchor ends at
+        for end in range(_ANCHOR - 1, min(_ANCHOR - 1 + 16, len(op_names or ()))):
+            self._anchors[(op_names or [])[end]].append(end)
 
     @property
     def following(self) -> bool:
@@ -180,7 +176,7 @@ class PlanExecutor(OpStream):
         if self.following:
             self._check_op(index, str(func))
         elif self.iteration == self.follow_from - 1 and self.op_names is not None:
-            self._unfollowed_names.append(str(func))
+            self._follow_first(index, str(func))
         if self.following:
             for m in self.triggers.get(index, ()):
                 self._start(m)
@@ -223,6 +219,45 @@ class PlanExecutor(OpStream):
                 entry.job.done.wait()
                 self._count(entry.job)  # done, but the drain will no longer find it
             entry.backend.delete(entry.key)
+
+    # NOTE [ Following the first iteration ]: iteration 0 runs the script's set-up ops,
+    # then the plan's ops as far as the optimizer (which makes its state there). Once its
+    # last ``_ANCHOR`` op names are the plan's ops ``j - _ANCHOR + 1 .. j`` (j among the
+    # plan's first ops: its first few may be the tail of the step before), its op ``i``
+    # is the plan's op ``i - shift`` and a storage an op made has the plan's id shifted
+    # by ``shift`` ops (``shift_op``). From op j on, the plan's transfers are carried out
+    # with the ids shifted, and each op checked; at the first op or size that differs it
+    # stops until iteration 1, and what is out comes back when an op needs it. Storages
+    # the first iteration has not made yet (gradients, optimizer state) are not moved.
+    def _follow_first(self, index: int, name: str) -> None:
+        seen, names = self._first_names, self.op_names
+        seen.append(name)
+        if self._first_stopped or names is None:
+            return
+        if self._first_shift is None:
+            if len(seen) >= _ANCHOR:
+                for end in self._anchors.get(name, ()):
+                    if seen[-_ANCHOR:] == names[end - _ANCHOR + 1:end + 1]:
+                        self._first_shift = index - end
+                        break
+            if self._first_shift is None:
+                return
+        shift = self._first_shift
+        k = index - shift
+        if k >= len(names) or names[k] != name:
+            self._first_stopped = True
+            return
+        for m in self.triggers.get(k, ()):
+            m = replace(m, tensor_id=shift_op(m.tensor_id, shift))
+            storage = self.ids.storage(m.tensor_id) if m.action == "offload" else None
+            if storage is not None and storage.nbytes() != m.size_bytes:
+                self._first_stopped = True
+                return
+            self._start(m)
+        for tid in self.deadlines.get(k, ()):
+            entry = self.moved.get(shift_op(tid, shift))
+            if entry is not None and entry.state is Residency.OFFLOADING:
+                self._wait(entry)
 
     # ---- plan checks -------------------------------------------------------------
     def _check_op(self, index: int, name: str) -> None:
@@ -444,8 +479,8 @@ class PlanExecutor(OpStream):
                 entry.job.tensor_id = new_ids.get(entry.job.tensor_id, entry.job.tensor_id)
 
     def begin_iteration(self) -> None:
-        # The unfollowed iteration before the first followed one kept resident what the
-        # plan has out across the boundary: send it out now and wait (one stall), so the
+        # The iteration before the first followed one, followed in part, kept resident what
+        # the plan has out across the boundary: send it out now and wait (one stall), so the
         # first followed iteration starts with the memory the plan expects.
         if self.iteration == self.follow_from and self.diverged is None:
             out = self._carried_out_now()
@@ -462,31 +497,31 @@ class PlanExecutor(OpStream):
 
         Persistent ids are stable. A transient one is the id of the iteration that made
         it: a gradient (named at the boundary) is found by its name, another storage as
-        NOTE [ Carried from the unfollowed iteration ] says, or not at all (it is then
+        NOTE [ Carried from the first iteration ] says, or not at all (it is then
         out once it dies).
         """
         by_name = {name: tid for tid, (name, _) in self.persistent.items()}
-        seen, self._unfollowed_names = self._unfollowed_names, []
-        shift = _setup_ops(self.op_names, seen)
+        seen, self._first_names = self._first_names, []
+        shift = self._first_shift
         out = []
         for m in self.carried_out:
             tid = by_name.get(m.name, -1) if m.name is not None else -1
             if tid < 0 and m.tensor_id < PRODUCED_BASE:
                 tid = m.tensor_id
             if tid < 0 and shift is not None:
-                tid = self._carried_from_unfollowed(m, seen, shift)
+                tid = self._carried_from_first(m, seen, shift)
             if tid >= 0:
                 out.append(replace(m, tensor_id=tid, urgent=True))
         return out
 
-    # NOTE [ Carried from the unfollowed iteration ]: a transient storage alive at the
+    # NOTE [ Carried from the first iteration ]: a transient storage alive at the
     # boundary (the last batch, the loss) has the id of the op that made it, and the
-    # unfollowed iteration numbered its ops after the script's set-up ops. Where that
-    # iteration ran the plan's first ops after ``shift`` others, the op the plan
-    # names ``k`` ran as ``k + shift``; if it is the same op and made a storage of the
-    # planned size, that storage is the plan's, and later events find it by its plan id.
-    def _carried_from_unfollowed(self, m: Move, seen: list[str], shift: int) -> int:
-        """The id now of plan move ``m``'s storage, made by the unfollowed iteration
+    # first iteration numbered its ops after the script's set-up ops: the op the plan
+    # names ``k`` ran as ``k + shift`` (NOTE [ Following the first iteration ]). If it
+    # is the same op and made a storage of the planned size, that storage is the plan's,
+    # and later events find it by its plan id.
+    def _carried_from_first(self, m: Move, seen: list[str], shift: int) -> int:
+        """The id now of plan move ``m``'s storage, made by iteration 0
         (whose op names are ``seen``); -1 if none."""
         made = produced_by(m.tensor_id)
         names = self.op_names

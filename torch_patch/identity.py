@@ -32,6 +32,7 @@ __all__ = [
     "persistent_names",
     "produced_by",
     "produced_id",
+    "shift_op",
 ]
 
 PRODUCED_BASE = 1 << 40
@@ -53,6 +54,14 @@ def produced_by(tensor_id: int) -> tuple[int, int] | None:
         return None
     offset = tensor_id - PRODUCED_BASE
     return offset >> _POS_BITS, offset & ((1 << _POS_BITS) - 1)
+
+
+def shift_op(tensor_id: int, ops: int) -> int:
+    """The id the same storage gets when its op runs ``ops`` later in the iteration: a
+    ``produced_id`` or ``input_id`` moves by ``ops`` op indices, any other id stays."""
+    if PRODUCED_BASE <= tensor_id < INPUT_BASE + (INPUT_BASE - PRODUCED_BASE):
+        return tensor_id + (ops << _POS_BITS)
+    return tensor_id
 
 
 def input_id(op_index: int, position: int) -> int:

@@ -91,9 +91,10 @@ def test_a_multi_tensor_optimizer_stays_within_budget(tmp_path: Path, share: str
     assert report["peak_tracked_bytes"] <= budget * 1.05, (budget, report["iteration_peak_bytes"])
 
 
-def test_the_first_followed_iteration_has_the_planned_memory(tmp_path: Path) -> None:
-    """Tensors the unfollowed iteration 0 leaves alive at its end (the last batch's
-    activations the plan has out across the boundary) are sent out before iteration 1."""
+def test_the_first_iterations_follow_the_plan(tmp_path: Path) -> None:
+    """Iteration 0 follows the plan from where its ops are the plan's (after the script's
+    set-up) until its optimizer makes its state; tensors it leaves alive at its end that
+    the plan has out across the boundary (the last logits) are sent out before iteration 1."""
     args = ["--layers", "1", "--hidden", "512", "--heads", "8", "--seq", "256", "--batch", "8",
             "--vocab", "512", "--foreach", "--steps", "3"]
     r = run_teraio("profile", EXAMPLE, "--out", tmp_path / "profile", "--iters", "2", "--", *args)
@@ -107,3 +108,4 @@ def test_the_first_followed_iteration_has_the_planned_memory(tmp_path: Path) -> 
     assert r.returncode == 0, r.stderr
     peaks = json.loads((tmp_path / "run.json").read_text())["iteration_peak_bytes"]
     assert peaks[1] <= budget, (budget, peaks)
+    assert peaks[0] < 0.7 * 2 * budget, (budget, peaks)  # not followed: 0.80 of the profiled peak
