@@ -72,21 +72,26 @@ def test_run_under_a_plan_is_bit_identical_and_within_budget(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("teraio-swap")] == []
 
 
+def profile_plan_run(tmp_path: Path, args: list[str], share: str, ssd_bw: str, backend: str,
+                     *run_opts: str) -> tuple[int, dict]:
+    """Profile the example with ``args``, plan at ``share`` of its peak, run it; (budget, report)."""
+    r = run_teraio("profile", EXAMPLE, "--out", tmp_path / "profile", "--iters", "2", "--", *args)
+    assert r.returncode == 0, r.stderr
+    budget = budgets(tmp_path / "profile")[share]
+    r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", str(budget), "--ssd-bw", ssd_bw,
+                   "--host-mem", "64M", "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--backend", backend, "--swap-dir", tmp_path,
+                   *run_opts, "--report", tmp_path / "run.json", EXAMPLE, "--", *args)
+    assert r.returncode == 0, r.stderr
+    return budget, json.loads((tmp_path / "run.json").read_text())
+
+
 @pytest.mark.parametrize("share", ["50%", "min"])
 def test_a_multi_tensor_optimizer_stays_within_budget(tmp_path: Path, share: str) -> None:
     """AdamW's foreach path (the default on CUDA) offloads every optimizer state at the end of
     the step while the next step's prefetches start: they must wait for room, not go over."""
-    args = [*SMALL_GPT, "--foreach", "--steps", "5"]
-    r = run_teraio("profile", EXAMPLE, "--out", tmp_path / "profile", "--iters", "2", "--", *args)
-    assert r.returncode == 0, r.stderr
-    budget = budgets(tmp_path / "profile")[share]
-    r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", str(budget), "--ssd-bw", "2",
-                   "--host-mem", "64M", "--out", tmp_path / "plan.json")
-    assert r.returncode == 0, r.stderr
-    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--backend", "posix", "--swap-dir", tmp_path,
-                   "--report", tmp_path / "run.json", EXAMPLE, "--", *args)
-    assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / "run.json").read_text())
+    budget, report = profile_plan_run(tmp_path, [*SMALL_GPT, "--foreach", "--steps", "5"], share, "2", "posix")
     assert report["diverged_at"] is None
     assert report["peak_tracked_bytes"] <= budget * 1.05, (budget, report["iteration_peak_bytes"])
 
@@ -97,15 +102,7 @@ def test_the_first_iterations_follow_the_plan(tmp_path: Path) -> None:
     the plan has out across the boundary (the last logits) are sent out before iteration 1."""
     args = ["--layers", "1", "--hidden", "512", "--heads", "8", "--seq", "256", "--batch", "8",
             "--vocab", "512", "--foreach", "--steps", "3"]
-    r = run_teraio("profile", EXAMPLE, "--out", tmp_path / "profile", "--iters", "2", "--", *args)
-    assert r.returncode == 0, r.stderr
-    budget = budgets(tmp_path / "profile")["50%"]
-    r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", str(budget), "--ssd-bw", "20",
-                   "--out", tmp_path / "plan.json")
-    assert r.returncode == 0, r.stderr
-    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--backend", "host", "--host-mem", "256M",
-                   "--report", tmp_path / "run.json", EXAMPLE, "--", *args)
-    assert r.returncode == 0, r.stderr
-    peaks = json.loads((tmp_path / "run.json").read_text())["iteration_peak_bytes"]
+    budget, report = profile_plan_run(tmp_path, args, "50%", "20", "host", "--host-mem", "256M")
+    peaks = report["iteration_peak_bytes"]
     assert peaks[1] <= budget, (budget, peaks)
     assert peaks[0] < 0.7 * 2 * budget, (budget, peaks)  # not followed: 0.80 of the profiled peak
