@@ -4,11 +4,12 @@ Before op k of a followed iteration it (1) finishes what the engine completed
 (freeing storages whose bytes are safely written), (2) starts the transfers
 the plan triggers at k, (3) waits for offloads whose memory must be free by k,
 and (4) makes every input of op k resident, faulting in on demand whatever
-is not, plan or no plan. A prefetch that would take the tracked bytes over the
-plan's budget first waits for offloads in flight to make room, as the
-planner's simulator does. Waits are stalls, counted and timed. Iteration 0 is
-followed only in part (it differs from the profile: set-up ops first, and the
-optimizer makes its state in it): NOTE [ Following the first iteration ].
+is not, plan or no plan. A prefetch or an op that would take the tracked
+bytes over the plan's budget first waits for offloads in flight to make room,
+as the planner's simulator does (NOTE [ Room ]). Waits are stalls, counted and
+timed. Iteration 0 is followed only in part (it differs from the profile:
+set-up ops first, and the optimizer makes its state in it): NOTE [ Following
+the first iteration ].
 """
 
 from __future__ import annotations
@@ -145,6 +146,9 @@ class PlanExecutor(OpStream):
         self.follow_from = follow_from
         self.budget_bytes = budget_bytes
         self._writes: deque[_Entry] = deque()  # offloads in flight, oldest first
+        # bytes each op made, this followed iteration and the one before (NOTE [ Room ])
+        self._made: list[int] = []
+        self._made_before: list[int] = []
         self.moved: dict[int, _Entry] = {}
         self.sizes: dict[int, int] = {}
         self.stats = RunStats()
@@ -184,6 +188,8 @@ class PlanExecutor(OpStream):
                 _, entry = self._moved_entry(tid)
                 if entry is not None and entry.state is Residency.OFFLOADING:
                     self._wait(entry)
+            if index < len(self._made_before) and self._made_before[index] > 0:
+                self._make_room(self._made_before[index])
         if self.moved:
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
@@ -195,6 +201,7 @@ class PlanExecutor(OpStream):
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         stats = self.stats
         sizes = self.sizes
+        before = stats.tracked_bytes
         for tid, t, new in outputs:
             if new:
                 n = t.untyped_storage().nbytes()
@@ -205,6 +212,8 @@ class PlanExecutor(OpStream):
                 n = t.untyped_storage().nbytes()
                 sizes[tid] = n
                 stats.tracked_bytes += n
+        if self.following:
+            self._made.append(stats.tracked_bytes - before)
         if stats.tracked_bytes > stats.peak_tracked_bytes:
             stats.peak_tracked_bytes = stats.tracked_bytes
 
@@ -368,10 +377,13 @@ class PlanExecutor(OpStream):
             self.stats.stall_s += time.perf_counter() - t0
         self._drain()
 
+    # NOTE [ Room ]: the plan counts a tensor's memory free only once its offload is done,
+    # and the runtime's transfers may be slower than the plan's, so, as in the simulator,
+    # memory that would go over the budget waits for offloads in flight: a prefetch before
+    # it allocates, an op before it runs (for the bytes the same op made an iteration ago).
     def _make_room(self, nbytes: int) -> None:
         """Wait for offloads in flight, oldest first, until ``nbytes`` more fit the budget
-        or none is left: the plan counts a tensor's memory free only once its offload is
-        done, and the runtime's transfers may be slower than the plan's."""
+        or none is left (NOTE [ Room ])."""
         budget, writes = self.budget_bytes, self._writes
         if budget is None:
             return
@@ -538,6 +550,8 @@ class PlanExecutor(OpStream):
         return tid
 
     def end_iteration(self) -> None:
+        if self.following:
+            self._made_before, self._made = self._made, []
         if self.diverged is not None and not self.divergence_reported:
             self.divergence_reported = True
             warnings.warn(f"teraio: the op stream left the plan at {self.diverged}; restored "
