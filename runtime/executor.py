@@ -134,7 +134,9 @@ class PlanExecutor(OpStream):
         super().__init__()
         self.triggers: dict[int, list[Move]] = defaultdict(list)
         self.deadlines: dict[int, list[int]] = defaultdict(list)
-        for m in moves:
+        # At one op, offloads start before prefetches: a prefetch waits for room only on
+        # offloads in flight (NOTE [ Room ]), as the simulator's op does.
+        for m in sorted(moves, key=lambda m: m.action != "offload"):
             self.triggers[m.trigger_op].append(m)
             if m.action == "offload":
                 self.deadlines[m.deadline_op].append(m.tensor_id)
