@@ -167,8 +167,9 @@ class PlanExecutor(OpStream):
         self._first_shift: int | None = None
         self._first_stopped = False
         self._anchors: dict[str, list[int]] = defaultdict(list)  # name -> plan ops an anchor ends at
-        for end in range(_ANCHOR - 1, min(_ANCHOR - 1 + 16, len(op_names or ()))):
-            self._anchors[(op_names or [])[end]].append(end)
+        for end, name in enumerate((op_names or [])[:_ANCHOR - 1 + 16]):
+            if end >= _ANCHOR - 1:
+                self._anchors[name].append(end)
 
     @property
     def following(self) -> bool:
