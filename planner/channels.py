@@ -17,15 +17,13 @@ reservation updates both copies.
 The free capacity is kept as prefix sums in blocks of about ``sqrt(2 n) / 4``
 slots: the sum before each block, and the running sum inside each block. A
 query is a binary search for the block and a scan of its running sums,
-vectorised over arrays of transfers (the greedy scores a batch of candidates at
-once, two queries each); a reservation rewrites the slots it fills, the running
-sums of their blocks and the sums before every block, O(slots + block +
-2n / block). Each acceptance (two reservations) follows about three batches
-of 32 candidates, two queries each: some hundred block scans per reservation,
-hence blocks smaller than ``sqrt(2 n)`` (at 30k ops, blocks of 32 and 64 slots
-gave 18.5-20.0 s of greedy time against 21.1-26.3 s for 256, on a shared
-machine; tuned for the lazy heap, not re-tuned for the threshold levels'
-larger batches).
+vectorised over arrays of transfers (the greedy scores batches of candidates,
+two queries each), or one transfer at a time (``*_one``: the greedy's single
+re-checks, and reservations). A reservation rewrites the slots it fills, the
+running sums of their blocks and the sums before every block, O(filled slots +
+block + 2n / block); the empty slots between its start and the first with room
+are skipped (in a busy channel they were 6% of the axis per reservation at 30k
+ops, which made reserving O(n) and planning O(n^2)).
 """
 
 from __future__ import annotations
@@ -68,10 +66,15 @@ class Channel:
                 np.cumsum(self._free[j0:j1], axis=1, out=self._local[j0:j1, 1:])
         np.cumsum(self._local[:, -1], out=self._before[1:])
 
-    def prefix(self, slot: np.ndarray | int) -> np.ndarray:
+    def prefix(self, slot: np.ndarray) -> np.ndarray:
         """Free bytes in slots ``[0, slot)``; ``0 <= slot <= 2n``."""
         j, r = np.divmod(slot, self.block)
         return self._before[j] + self._local[j, r]
+
+    def _prefix_one(self, slot: int) -> float:
+        """``prefix`` of one slot, with the same float operations."""
+        j, r = divmod(slot, self.block)
+        return float(self._before[j] + self._local[j, r])
 
     def _last_below(self, target: np.ndarray, inclusive: bool) -> np.ndarray:
         """The largest ``p`` in ``[0, 2n]`` with ``prefix(p) < target`` (``<=`` if ``inclusive``); -1 if none.
@@ -80,20 +83,38 @@ class Channel:
         """
         target = np.asarray(target, np.float64)
         j = np.searchsorted(self._before, target, side="right" if inclusive else "left") - 1
-        jj = np.clip(j, 0, len(self._local) - 1)
+        jj = np.minimum(np.maximum(j, 0), len(self._local) - 1)
         row = self._before[jj][..., None] + self._local[jj]  # (..., block + 1) prefix at each slot of block j
         t = target[..., None]
         r = np.count_nonzero(row <= t if inclusive else row < t, axis=-1) - 1
         return np.where(j < 0, -1, np.minimum(jj * self.block + r, self.size))
 
+    def _last_below_one(self, target: float, inclusive: bool) -> int:
+        """``_last_below`` of one target, with the same float operations: one block scan, a few numpy calls."""
+        j = int(self._before.searchsorted(target, side="right" if inclusive else "left")) - 1
+        if j < 0:
+            return -1
+        j = min(j, len(self._local) - 1)
+        row = self._before[j] + self._local[j]
+        r = int(np.count_nonzero(row <= target if inclusive else row < target)) - 1
+        return min(j * self.block + r, self.size)
+
     # ---- queries and reservations -------------------------------------------------------
-    def earliest_end(self, start: np.ndarray | int, size_bytes: np.ndarray | float) -> np.ndarray:
+    def earliest_end(self, start: np.ndarray, size_bytes: np.ndarray | float) -> np.ndarray:
         """The slot in which a transfer starting at slot ``start`` completes; ``2n`` if never."""
         return np.maximum(self._last_below(self.prefix(start) + size_bytes - _TOL_BYTES, inclusive=False), 0)
 
-    def latest_start(self, end: np.ndarray | int, size_bytes: np.ndarray | float) -> np.ndarray:
+    def latest_start(self, end: np.ndarray, size_bytes: np.ndarray | float) -> np.ndarray:
         """The latest slot a transfer can start in and still be done before slot ``end``; -1 if none."""
         return self._last_below(self.prefix(end) - size_bytes + _TOL_BYTES, inclusive=True)
+
+    # One transfer at a time (the greedy's re-checks and reservations): the same answers as
+    # ``earliest_end`` and ``latest_start``, without the array temporaries of a batch.
+    def earliest_end_one(self, start: int, size_bytes: float) -> int:
+        return max(self._last_below_one(self._prefix_one(start) + size_bytes - _TOL_BYTES, inclusive=False), 0)
+
+    def latest_start_one(self, end: int, size_bytes: float) -> int:
+        return self._last_below_one(self._prefix_one(end) - size_bytes + _TOL_BYTES, inclusive=True)
 
     def latest_start_alone(self, end: int, size_bytes: float) -> int:
         """Like ``latest_start`` if the channel carried nothing else; -1 if none."""
@@ -109,18 +130,28 @@ class Channel:
         fill that needs more than that runs out.
         """
         n, free = self.n, self.free
-        end = int(self.earliest_end(start, size_bytes))
+        end = self.earliest_end_one(start, size_bytes)
         stop = min(start + n, self.size)
+        # Slots with nothing free are skipped: in a busy channel the fill starts far from ``start``,
+        # and rewriting the empty slots between made a reservation O(n).
+        lo = max(self._last_below_one(self._prefix_one(start), inclusive=True), start)
         if end >= stop:
-            free[start:stop] = 0.0
+            free[lo:stop] = 0.0
             end, last = self.size, stop
         else:
-            remaining = size_bytes - float(self.prefix(end) - self.prefix(start))
-            free[start:end] = 0.0
+            remaining = size_bytes - (self._prefix_one(end) - self._prefix_one(start))
+            free[lo:end] = 0.0
             free[end] = free[end] - remaining if free[end] > remaining + _TOL_BYTES else 0.0
             last = end + 1
-        filled = np.arange(start, last)
-        free[(filled + n) % self.size] = free[filled]
-        self._recount([(start, last), (min(start + n, self.size), min(last + n, self.size)),
-                       (max(start - n, 0), max(last - n, 0))])
+        # The mirrors: slots under n at +n, the others at -n ([lo, last) spans at most n slots).
+        spans = [(lo, last)]
+        a, b = lo, min(last, n)
+        if b > a:
+            free[a + n:b + n] = free[a:b]
+            spans.append((a + n, b + n))
+        a, b = max(lo, n), last
+        if b > a:
+            free[a - n:b - n] = free[a:b]
+            spans.append((a - n, b - n))
+        self._recount(spans)
         return end

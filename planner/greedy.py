@@ -53,12 +53,16 @@ is re-scored about once per level it takes part in, and levels fall by about
 ``1 - eps`` each: some log(range) / eps times in all, as with the heap, but
 nearly all of it in batches of thousands (at 100k ops, 3.2 million re-scorings
 in 879 batches and 56 thousand single re-checks for 55 thousand choices).
+A single re-check scores its candidate without a batch's array bookkeeping
+(``_score_one``: the same windows and, up to float rounding, the same score;
+tested), a quarter of the time of a batch of one.
 The choices differ from the heap's (BENCHMARKS.md, planner tolerance).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -121,12 +125,19 @@ _BITS = 32
 _BATCH = 32
 _LEVEL_CHUNK = 4096
 _MAX_MISSES = 64
+_ONE_BY_ONE = 4  # re-checks of at most this many candidates score them one at a time
 
 
 def quantize_array(x: np.ndarray) -> np.ndarray:
     """``x`` (>= 0) rounded to ``_BITS`` significant bits; monotone, 0 stays 0."""
     mantissa, exponent = np.frexp(np.asarray(x, np.float64))
     return np.ldexp(np.round(mantissa * 2.0**_BITS), exponent - _BITS)
+
+
+def quantize(x: float) -> float:
+    """``quantize_array`` of one number (the same rounding: half to even)."""
+    mantissa, exponent = math.frexp(x)
+    return math.ldexp(round(mantissa * 2.0**_BITS), exponent - _BITS)
 
 
 @dataclass
@@ -224,6 +235,21 @@ class _Planner:
         score = quantize_array((parts[:len(cand)] + parts[len(cand):]) / (size * self._cost_per_byte(cand, target)))
         return np.where(start > first, score, 0.0), first, start
 
+    def _score_one(self, i: int, target: str) -> tuple[float, int, int]:
+        """``_scores`` of the one period ``i``: the single re-checks after each acceptance."""
+        n, p = self.n, self.p
+        s, e, size = int(p.start_op[i]), int(p.end_op[i]), float(p.size_bytes[i])
+        first = min(self.channels[f"{target}_write"].earliest_end_one(s + 1, size) + 1, 2 * n)
+        back = bool(p.reads_back[i])
+        start = self.channels[f"{target}_read"].latest_start_one(e, size) if back else e
+        if start <= first:
+            return 0.0, first, start
+        benefit = (self.excess.benefit(min(first, n), min(start, n), size)
+                   + self.excess.benefit(max(first, n) - n, max(start, n) - n, size))
+        bw = self.hw.channel_bw()
+        cost = 1 / bw[f"{target}_write"] + (1 / bw[f"{target}_read"] if back else 0.0)
+        return quantize(benefit / (size * cost)), first, start
+
     # ---- the greedy stages ------------------------------------------------------------------
     def _initial_key_array(self, cand: np.ndarray, target: str) -> np.ndarray:
         """(len(cand),) upper bounds of each candidate's score now, from prefix sums over each window."""
@@ -302,6 +328,15 @@ class _Planner:
     def _rescore_into(self, c: _Candidates, idx: np.ndarray, target: str) -> None:
         """Score candidates ``idx`` of ``c`` now: exact keys and current windows."""
         c.exact[idx] = True
+        if len(idx) <= _ONE_BY_ONE:
+            for j in idx.tolist():
+                i = int(c.cand[j])
+                if target == "host" and not self._host_fits(i):
+                    c.key[j] = 0.0
+                    continue
+                one, c.first[j], c.start[j] = self._score_one(i, target)
+                c.key[j] = min(one, c.key[j])
+            return
         if target == "host":
             fits = np.array([self._host_fits(int(i)) for i in c.cand[idx]], bool)
             c.key[idx[~fits]] = 0.0
@@ -451,8 +486,8 @@ class _Planner:
         s, e, size = int(p.start_op[i]), int(p.end_op[i]), float(p.size_bytes[i])
         target = "ssd"
         if self.hw.host_mem_bytes > 0 and self._host_fits(i):
-            ssd_done = int(self.channels["ssd_write"].earliest_end(s + 1, size))
-            host_done = int(self.channels["host_write"].earliest_end(s + 1, size))
+            ssd_done = self.channels["ssd_write"].earliest_end_one(s + 1, size)
+            host_done = self.channels["host_write"].earliest_end_one(s + 1, size)
             target = "host" if host_done < ssd_done else "ssd"
         done = self.channels[f"{target}_write"].reserve(s + 1, size)
         first = min(done + 1, k)
@@ -460,7 +495,7 @@ class _Planner:
             self._add_move(i, target, first, e)
             return
         read = self.channels[f"{target}_read"]
-        start = int(read.latest_start(e, size))
+        start = read.latest_start_one(e, size)
         if start <= k:  # the read channel is taken: the prefetch will be late, but not early
             start = read.latest_start_alone(e, size)
         start = min(max(start, k + 1), e)

@@ -31,10 +31,10 @@ def test_channel_matches_brute_force(slots: list[int], reservations: list[tuple[
     free = np.tile(np.array(slots, float), 2)
     for start, size in reservations:
         start %= 2 * n
-        assert ch.earliest_end(start, size) == brute_end(free, start, size)
+        assert ch.earliest_end(start, size) == ch.earliest_end_one(start, size) == brute_end(free, start, size)
         for end in range(2 * n + 1):
-            got = ch.latest_start(end, size)
-            assert got == brute_start(free, end, size), (end, size)
+            want = brute_start(free, end, size)
+            assert ch.latest_start(end, size) == ch.latest_start_one(end, size) == want, (end, size)
         # reserve in the brute model: forward fill, mirrored
         j, rem = start, float(size)
         while j < 2 * n and rem > 0.5:

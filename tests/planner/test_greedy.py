@@ -132,6 +132,9 @@ class _CheckedPlanner(_Planner):
         mine = int(np.flatnonzero(cand == i)[0])
         assert score[mine] >= (1 - self.tolerance) * score.max() * (1 - 1e-9)
         assert (firsts[mine], starts[mine]) == (first, start)  # the window it is accepted with is current
+        for c, sc, f, st in zip(cand.tolist(), score, firsts, starts, strict=True):  # one at a time: the same
+            one, f1, st1 = self._score_one(c, target)
+            assert (f1, st1) == (f, st) and one == pytest.approx(sc, rel=1e-9, abs=0)
         self.num_checked += 1
         super()._accept(i, target, first, start)
 
