@@ -79,18 +79,27 @@ class Channel:
     def _last_below(self, target: np.ndarray, inclusive: bool) -> np.ndarray:
         """The largest ``p`` in ``[0, 2n]`` with ``prefix(p) < target`` (``<=`` if ``inclusive``); -1 if none.
 
-        Holds one block of running sums per target: query a few thousand at a time.
+        A binary search for the block, then one in its running sums, all targets at once (the block is a
+        power of two): O(log n) per target, not a scan of the block (which grew like sqrt(n)).
         """
         target = np.asarray(target, np.float64)
-        j = np.searchsorted(self._before, target, side="right" if inclusive else "left") - 1
+        t = target.reshape(-1)
+        b = self.block
+        j = np.searchsorted(self._before, t, side="right" if inclusive else "left") - 1
         jj = np.minimum(np.maximum(j, 0), len(self._local) - 1)
-        row = self._before[jj][..., None] + self._local[jj]  # (..., block + 1) prefix at each slot of block j
-        t = target[..., None]
-        r = np.count_nonzero(row <= t if inclusive else row < t, axis=-1) - 1
-        return np.where(j < 0, -1, np.minimum(jj * self.block + r, self.size))
+        base = self._before[jj]
+        count = np.zeros(len(t), np.int64)  # slots r of block jj (0..b) whose prefix is under t
+        step = 2 * b
+        while step:
+            nxt = count + step
+            prefix = base + self._local[jj, np.minimum(nxt, b + 1) - 1]
+            under = (nxt <= b + 1) & (prefix <= t if inclusive else prefix < t)
+            count = np.where(under, nxt, count)
+            step //= 2
+        return np.where(j < 0, -1, np.minimum(jj * b + count - 1, self.size)).reshape(target.shape)
 
     def _last_below_one(self, target: float, inclusive: bool) -> int:
-        """``_last_below`` of one target, with the same float operations: one block scan, a few numpy calls."""
+        """``_last_below`` of one target, with the same float operations: a scan of one block, few numpy calls."""
         j = int(self._before.searchsorted(target, side="right" if inclusive else "left")) - 1
         if j < 0:
             return -1

@@ -253,10 +253,8 @@ class _Planner:
     # ---- the greedy stages ------------------------------------------------------------------
     def _initial_key_array(self, cand: np.ndarray, target: str) -> np.ndarray:
         """(len(cand),) upper bounds of each candidate's score now, from prefix sums over each window."""
-        # In chunks: a window query holds a block of the channel per candidate (planner.channels).
-        chunks = [self._windows(c, target) for c in np.array_split(cand, len(cand) // 4096 + 1)]
-        first = np.concatenate([f for f, _ in chunks])
-        last = np.maximum(np.concatenate([s for _, s in chunks]), first)
+        first, start = self._windows(cand, target)
+        last = np.maximum(start, first)
         size = self.p.size_bytes[cand].astype(np.float64)
         over = self.excess.values()
         t_over = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * over, 2))])
