@@ -63,6 +63,8 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -127,6 +129,9 @@ _LEVEL_CHUNK = 4096
 _MAX_MISSES = 64
 _ONE_BY_ONE = 4  # re-checks of at most this many candidates score them one at a time
 
+Progress = Callable[[str], None]  # takes a line of text on how far a long plan is
+_REPORT_EVERY_S = 5.0
+
 
 def quantize_array(x: np.ndarray) -> np.ndarray:
     """``x`` (>= 0) rounded to ``_BITS`` significant bits; monotone, 0 stays 0."""
@@ -159,9 +164,11 @@ class _Candidates:
 class _Planner:
     """The mutable state of one planning run (the public entry point is ``plan_greedy``)."""
 
-    def __init__(self, problem: PlanProblem, hw: Hardware) -> None:
+    def __init__(self, problem: PlanProblem, hw: Hardware, progress: Progress | None = None) -> None:
         self.p = problem
         self.hw = hw
+        self.progress = progress
+        self._reported = time.monotonic()
         n = problem.num_ops
         self.n = n
         self.tau = problem.duration_us
@@ -174,6 +181,15 @@ class _Planner:
         self.selected = np.zeros(problem.num_periods, bool)
         self.moves: list[Move] = []
         self.windows: list[tuple[int, int]] = []  # per move: [first op, end op) of freed memory
+        self.num_over_at_start = self.excess.num_over
+
+    def _report(self) -> None:
+        """Tell ``progress`` how far the plan is, at most every ``_REPORT_EVERY_S`` seconds."""
+        now = time.monotonic()
+        if self.progress is not None and now - self._reported >= _REPORT_EVERY_S:
+            self._reported = now
+            self.progress(f"{len(self.moves):,} moves so far; {self.excess.num_over:,} of "
+                          f"{self.num_over_at_start:,} ops still over capacity")
 
     # ---- window arithmetic on the unrolled axis ------------------------------------------
     def _segments(self, a: int, b: int) -> list[tuple[int, int]]:
@@ -425,6 +441,7 @@ class _Planner:
 
     def _add_move(self, i: int, target: str, first: int, start: int) -> None:
         """Record period ``i``'s move (bandwidth already reserved): memory free over ``[first, start)``."""
+        self._report()
         p = self.p
         s, e, size = int(p.start_op[i]), int(p.end_op[i]), float(p.size_bytes[i])
         if target == "host":
@@ -527,19 +544,21 @@ class _Planner:
 DEFAULT_TOLERANCE = 0.1
 
 
-def plan_greedy(problem: PlanProblem, hw: Hardware, *, tolerance: float = DEFAULT_TOLERANCE) -> list[Move]:
+def plan_greedy(problem: PlanProblem, hw: Hardware, *, tolerance: float = DEFAULT_TOLERANCE,
+                progress: Progress | None = None) -> list[Move]:
     """The moves that bring ``problem``'s memory under ``hw.gpu_mem_bytes``, in priority order.
 
     ``tolerance`` (NOTE [ Lazy greedy ]): 0 makes exactly Algorithm 1's
     choices; ``eps > 0`` accepts a candidate whose score is within a factor
     ``1 - eps`` of the best one's, which bounds how often a candidate is
     re-scored. Raises ``InfeasibleBudgetError`` if some op needs more than the
-    capacity resident at once. Pure: no I/O, the problem is not modified.
+    capacity resident at once. Pure: no I/O, the problem is not modified;
+    ``progress``, if given, is called with a line of text every few seconds.
     """
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"tolerance must be in [0, 1), not {tolerance}")
     check_capacity(problem, hw.gpu_mem_bytes)
-    planner = _Planner(problem, hw)
+    planner = _Planner(problem, hw, progress)
     if planner.excess.num_over:
         planner.greedy_stage("ssd", tolerance)
     if planner.excess.num_over and hw.host_mem_bytes > 0:

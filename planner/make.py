@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.greedy import Move, plan_greedy
+from planner.greedy import Move, Progress, plan_greedy
 from planner.hardware import Hardware
 from planner.plan import Migration, Plan
 from planner.problem import PlanProblem
@@ -50,9 +50,10 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
     return current, sim
 
 
-def plan_rank(problem: PlanProblem, hw: Hardware) -> RankPlan:
-    """Plan one rank (``plan_greedy``) and simulate the plan."""
-    moves, sim = settle_urgency(problem, plan_greedy(problem, hw), hw.channel_bw(), hw.gpu_mem_bytes)
+def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = None) -> RankPlan:
+    """Plan one rank (``plan_greedy``, which reports to ``progress`` on long work) and simulate the plan."""
+    planned = plan_greedy(problem, hw, progress=progress)
+    moves, sim = settle_urgency(problem, planned, hw.channel_bw(), hw.gpu_mem_bytes)
     return RankPlan(problem, moves, sim)
 
 

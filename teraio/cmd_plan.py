@@ -162,7 +162,7 @@ def plan(
         problem = problem_from_profile(prof, rank)
         info(f"planning rank {rank}: {problem.num_ops:,} ops, {problem.num_periods:,} inactive periods")
         try:
-            rank_plans[rank] = plan_rank(problem, hw)
+            rank_plans[rank] = plan_rank(problem, hw, progress=lambda line: info(f"planning: {line}"))
         except InfeasibleBudgetError as exc:
             fail(f"rank {rank}: {exc}")
         if compare and rank == prof.ranks[0]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner import Hardware, InfeasibleBudgetError, plan_greedy, plan_rank, problem_from_profile
+from planner import Hardware, InfeasibleBudgetError, greedy, plan_greedy, plan_rank, problem_from_profile
 from planner.greedy import _Planner
 from profiles.synthetic import synthetic_profile
 from tests.planner.helpers import make_profile
@@ -151,3 +151,13 @@ def test_threshold_levels_choose_within_the_tolerance_of_the_best(seed: int, tol
     planner.greedy_stage("ssd", tolerance)
     planner.greedy_stage("host", tolerance)
     assert planner.num_checked == len(planner.moves) > 0
+
+
+def test_progress_is_reported_on_long_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(greedy, "_REPORT_EVERY_S", 0.0)  # every move, not every few seconds
+    problem = problem_from_profile(synthetic_profile(4, 4, 2, num_extra=4, seed=0))
+    lines: list[str] = []
+    moves = plan_greedy(problem, hw(int(problem.memory_bytes.max() * 0.6), bw=16 * GB), progress=lines.append)
+    assert len(lines) == len(moves) > 0
+    assert lines[0].startswith("0 moves so far; ") and "ops still over capacity" in lines[-1]
+    assert plan_greedy(problem, hw(int(problem.memory_bytes.max() * 0.6), bw=16 * GB)) == moves
