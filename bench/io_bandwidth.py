@@ -1,11 +1,13 @@
 """The migration engine's write and read bandwidth over the raw bandwidth of the same disk.
 
 Raw: one thread, O_DIRECT, 8 MiB aligned buffers, to a file in the swap
-directory. Engine: the same bytes as 8 MiB tensors through ``MigrationEngine``
-and ``PosixBackend``, the way offloads and prefetches move them. Measured side
-by side, alternating, in one run; the median of ``--rounds``.
+directory. Engine: the same bytes as tensors of ``--tensor-mib`` (default 8)
+through ``MigrationEngine`` and ``PosixBackend``, the way offloads and
+prefetches move them (a tensor larger than the backend's 8 MiB staging buffer
+goes through it in pieces, NOTE [ Pipelined staging ]). Measured side by side,
+alternating, in one run; the median of ``--rounds``.
 
-    python bench/io_bandwidth.py [--total-mib 512] [--rounds 3] [--swap-dir DIR]
+    python bench/io_bandwidth.py [--total-mib 512] [--tensor-mib 8] [--rounds 3] [--swap-dir DIR]
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ def raw_o_direct(directory: Path, total: int) -> tuple[float, float]:
     return total / write_s, total / read_s
 
 
-def engine_io(directory: Path, total: int, workers: int) -> tuple[float, float]:
+def engine_io(directory: Path, total: int, workers: int, tensor_bytes: int = CHUNK) -> tuple[float, float]:
     backend = PosixBackend(directory)
     engine = MigrationEngine(workers)
-    tensors = [torch.randint(0, 256, (CHUNK,), dtype=torch.uint8) for _ in range(total // CHUNK)]
+    tensors = [torch.randint(0, 256, (tensor_bytes,), dtype=torch.uint8) for _ in range(total // tensor_bytes)]
+    total = len(tensors) * tensor_bytes
     try:
         def run(direction: str) -> float:
             t0 = time.perf_counter()
@@ -59,7 +62,7 @@ def engine_io(directory: Path, total: int, workers: int) -> tuple[float, float]:
             for key, t in enumerate(tensors):
                 work = ((lambda k=key, x=t: backend.write(k, x)) if direction == "write"
                         else (lambda k=key, x=t: backend.read(k, x)))
-                jobs.append(engine.submit(Job(key, direction, CHUNK, work)))
+                jobs.append(engine.submit(Job(key, direction, tensor_bytes, work)))
             for job in jobs:
                 job.done.wait()
                 if job.error is not None:
@@ -76,6 +79,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--total-mib", type=int, default=512)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tensor-mib", type=int, default=8, help="size of each tensor the engine moves")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--swap-dir", default=None)
     args = p.parse_args()
@@ -87,7 +91,7 @@ def main() -> None:
             w, r = raw_o_direct(directory, total)
             raw_w.append(w)
             raw_r.append(r)
-            w, r = engine_io(directory, total, args.workers)
+            w, r = engine_io(directory, total, args.workers, args.tensor_mib << 20)
             eng_w.append(w)
             eng_r.append(r)
     med = statistics.median

@@ -7,7 +7,8 @@ drops them. ``src``/``dst`` alias the storage being moved.
 
 * ``PosixBackend``: one file per key in a private swap directory (0700, files
   0600), O_DIRECT through 4 KiB-aligned staging buffers where the filesystem
-  allows it, buffered I/O otherwise. The syscalls release the GIL.
+  allows it (copies and syscalls overlapped, NOTE [ Pipelined staging ]),
+  buffered I/O otherwise. The syscalls release the GIL.
 * ``HostBackend``: a preallocated host buffer (pinned on CUDA) with a byte
   limit, carved first-fit into 4 KiB-aligned blocks.
 * ``KvikioBackend``: GPUDirect Storage through kvikio's ``CuFile`` on device
@@ -22,6 +23,8 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Protocol
 
@@ -99,6 +102,7 @@ class PosixBackend:
         self.direct = direct and hasattr(os, "O_DIRECT") and self._probe_direct()
         self._staging: list[_Staging] = [_Staging() for _ in range(num_staging)]
         self._lock = threading.Lock()
+        self._io: ThreadPoolExecutor | None = None  # second steps of pipelined transfers, made on first use
 
     def _probe_direct(self) -> bool:
         probe = self.dir / ".probe"
@@ -141,14 +145,13 @@ class PosixBackend:
                 host = src.to("cpu") if src.is_cuda else src  # a local: the view below needs it alive
                 self._pwrite_all(fd, _host_bytes(host), 0)
                 return
-            buf = self._take_staging()
-            try:
-                for off in range(0, src.numel(), STAGING_BYTES):
-                    n = min(STAGING_BYTES, src.numel() - off)
-                    buf.tensor[:n].copy_(src[off:off + n])
-                    self._pwrite_all(fd, memoryview(buf.map)[:_round_up(n)], off)
-            finally:
-                self._give_staging(buf)
+            def fill(buf: _Staging, off: int, n: int) -> None:
+                buf.tensor[:n].copy_(src[off:off + n])
+
+            def put(buf: _Staging, off: int, n: int) -> None:
+                self._pwrite_all(fd, memoryview(buf.map)[:_round_up(n)], off)
+
+            self._staged(src.numel(), first=fill, then=put)
         except OSError as exc:
             raise _full_or(exc) from None
         finally:
@@ -177,16 +180,58 @@ class PosixBackend:
                 if dst.is_cuda:
                     dst.copy_(target)
                 return
-            buf = self._take_staging()
-            try:
-                for off in range(0, total, STAGING_BYTES):
-                    n = min(STAGING_BYTES, total - off)
-                    self._pread_all(fd, memoryview(buf.map)[:_round_up(n)], off, need=n)
-                    dst[off:off + n].copy_(buf.tensor[:n])
-            finally:
-                self._give_staging(buf)
+            def get(buf: _Staging, off: int, n: int) -> None:
+                self._pread_all(fd, memoryview(buf.map)[:_round_up(n)], off, need=n)
+
+            def empty(buf: _Staging, off: int, n: int) -> None:
+                dst[off:off + n].copy_(buf.tensor[:n])
+
+            self._staged(total, first=get, then=empty)
         finally:
             os.close(fd)
+
+    # NOTE [ Pipelined staging ]: a transfer of more than one staging buffer alternates
+    # two buffers, and the second step of each piece (the pwrite of a write, the copy out
+    # of a read) runs on a backend thread while the worker does the first step of the
+    # next piece: the copy and the syscall overlap, so a large transfer goes at the
+    # slower of the two speeds, not at 1 / (1/copy + 1/disk). A piece's buffer is
+    # reused only after its second step is done, and every step is done before the
+    # call returns (and its file is closed), also when one fails.
+    def _staged(self, total: int, first: Callable[[_Staging, int, int], None],
+                then: Callable[[_Staging, int, int], None]) -> None:
+        """Run ``first`` then ``then`` on each piece ``(buffer, offset, bytes)`` of ``total`` bytes."""
+        pieces = [(off, min(STAGING_BYTES, total - off)) for off in range(0, total, STAGING_BYTES)]
+        if len(pieces) <= 1:
+            buf = self._take_staging()
+            try:
+                for off, n in pieces:
+                    first(buf, off, n)
+                    then(buf, off, n)
+            finally:
+                self._give_staging(buf)
+            return
+        bufs = [self._take_staging(), self._take_staging()]
+        pending: list[Future[None] | None] = [None, None]
+        try:
+            for i, (off, n) in enumerate(pieces):
+                previous = pending[i % 2]
+                if previous is not None:
+                    previous.result()  # its buffer is free again (or its error is raised)
+                first(bufs[i % 2], off, n)
+                pending[i % 2] = self._pool().submit(then, bufs[i % 2], off, n)
+            for f in pending:
+                if f is not None:
+                    f.result()
+        finally:
+            wait([f for f in pending if f is not None])
+            for buf in bufs:
+                self._give_staging(buf)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._io is None:
+                self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="teraio-posix")
+            return self._io
 
     @staticmethod
     def _pread_all(fd: int, data: memoryview, offset: int, need: int | None = None) -> None:
@@ -202,6 +247,9 @@ class PosixBackend:
         Path(self.where(key)).unlink(missing_ok=True)
 
     def close(self) -> None:
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+            self._io = None
         shutil.rmtree(self.dir, ignore_errors=True)
         self._staging = []  # the maps go with their last reference
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import torch
 
 from runtime.backends import Backend, BackendFull, HostBackend, KvikioBackend, PosixBackend
 
-SIZES = [1, 4095, 4096, 4097, (8 << 20) + 13]
+SIZES = [1, 4095, 4096, 4097, (8 << 20) + 13, (24 << 20) + 4097]  # the last: 4 staging buffers' worth
 
 
 def _kvikio_reason() -> str | None:
@@ -101,6 +103,35 @@ def test_posix_truncated_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="truncated"):
         b.read(5, torch.empty(10_000, dtype=torch.uint8))
     b.close()
+
+
+_FULL_MIDWAY = """
+import resource, signal, sys, torch
+from runtime.backends import BackendFull, PosixBackend
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (12 << 20, 12 << 20))  # full in the second of 4 pieces
+b = PosixBackend(sys.argv[1], direct=sys.argv[2] == "direct")
+try:
+    b.write(1, torch.ones((24 << 20) + 4097, dtype=torch.uint8))
+    raise SystemExit("the write went past the file-size limit")
+except BackendFull:
+    pass
+small = torch.arange(5000).to(torch.uint8)
+b.write(2, small)  # the staging buffers came back, nothing hangs
+out = torch.empty_like(small)
+b.read(2, out)
+assert torch.equal(out, small)
+b.close()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["direct", "buffered"])
+def test_posix_full_in_the_middle_of_a_large_write(tmp_path: Path, mode: str) -> None:
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _FULL_MIDWAY, str(tmp_path), mode], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 def test_host_pool_limit_and_reuse() -> None:
