@@ -83,6 +83,39 @@ class _Staging:
         self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
 
 
+class _Unlinker:
+    """Deletes swap files off the training thread.
+
+    Unlinking a file written with O_DIRECT frees its blocks: 574 us for a 2 MiB
+    file on this machine's ext4, against 16 us for a rename, and the executor
+    deletes a file per transfer on the main thread (0.86 s over 6 steps of the
+    example). So ``delete`` renames the file out of its key's name at once (a
+    deleted key can no longer be read) and a thread unlinks it.
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def delete(self, path: str) -> None:
+        gone = f"{path}.deleted"
+        try:
+            os.rename(path, gone)
+        except FileNotFoundError:
+            return
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="teraio-unlink")
+            self._pool.submit(Path(gone).unlink, missing_ok=True)
+
+    def close(self) -> None:
+        """Wait for the deletes asked for so far."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
 def _round_up(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -103,6 +136,7 @@ class PosixBackend:
         self._staging: list[_Staging] = [_Staging() for _ in range(num_staging)]
         self._lock = threading.Lock()
         self._io: ThreadPoolExecutor | None = None  # second steps of pipelined transfers, made on first use
+        self._unlinker = _Unlinker()
 
     def _probe_direct(self) -> bool:
         probe = self.dir / ".probe"
@@ -244,12 +278,13 @@ class PosixBackend:
             done += n
 
     def delete(self, key: int) -> None:
-        Path(self.where(key)).unlink(missing_ok=True)
+        self._unlinker.delete(self.where(key))
 
     def close(self) -> None:
         if self._io is not None:
             self._io.shutdown(wait=True)
             self._io = None
+        self._unlinker.close()
         shutil.rmtree(self.dir, ignore_errors=True)
         self._staging = []  # the maps go with their last reference
 
@@ -345,6 +380,7 @@ class KvikioBackend:
         parent = Path(swap_dir) if swap_dir is not None else None
         self.dir = Path(tempfile.mkdtemp(prefix="teraio-gds-", dir=parent))
         os.chmod(self.dir, 0o700)
+        self._unlinker = _Unlinker()
         d = kvikio.defaults
         mode = d.get("compat_mode") if hasattr(d, "get") else d.compat_mode()
         # In compatibility mode kvikio does POSIX I/O through a bounce buffer, not GDS.
@@ -383,7 +419,8 @@ class KvikioBackend:
             raise OSError(f"short read: {n} of {dst.numel()} bytes")
 
     def delete(self, key: int) -> None:
-        Path(self.where(key)).unlink(missing_ok=True)
+        self._unlinker.delete(self.where(key))
 
     def close(self) -> None:
+        self._unlinker.close()
         shutil.rmtree(self.dir, ignore_errors=True)
