@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from teraio.console import fail, info
+from teraio.console import fail, info, warn
 
 __all__ = ["hardware_from_options", "load_profile", "plan"]
 
@@ -156,6 +156,10 @@ def plan(
         fail(f"--ssd-endurance-pbw must be positive, not {ssd_endurance_pbw:g}")
     prof = load_profile(profile)
     hw = hardware_from_options(prof, gpu_mem, ssd_bw, ssd_read_bw, ssd_write_bw, host_mem, host_bw)
+    if prof.meta.get("device_type") == "cpu":
+        warn("this profile ran on the CPU: there the transfers are copied by the cores that train, "
+             "which the predicted time does not count (2.3-2.7x measured against 1.00x predicted "
+             "on a 2-core machine, BENCHMARKS.md); on a GPU the copies run beside the compute")
     rank_plans = {}
     comparison: dict[str, Any] = {}
     for rank in prof.ranks:
