@@ -90,7 +90,9 @@ class _Unlinker:
     file on this machine's ext4, against 16 us for a rename, and the executor
     deletes a file per transfer on the main thread (0.86 s over 6 steps of the
     example). So ``delete`` renames the file out of its key's name at once (a
-    deleted key can no longer be read) and a thread unlinks it.
+    deleted key can no longer be read) and a thread unlinks it. Until then the
+    file holds its blocks: a write that finds the disk full waits for the
+    pending deletes (``flush``) and tries once more.
     """
 
     def __init__(self) -> None:
@@ -108,12 +110,23 @@ class _Unlinker:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="teraio-unlink")
             self._pool.submit(Path(gone).unlink, missing_ok=True)
 
-    def close(self) -> None:
-        """Wait for the deletes asked for so far."""
+    def flush(self) -> bool:
+        """Wait for the deletes asked for so far; whether there were any."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        return pool is not None
+
+
+def _after_deletes(unlinker: _Unlinker, write: Callable[[], None]) -> None:
+    """``write()``; if the disk is full, once more after the pending deletes (see ``_Unlinker``)."""
+    try:
+        write()
+    except BackendFull:
+        if not unlinker.flush():
+            raise
+        write()
 
 
 def _round_up(n: int) -> int:
@@ -169,6 +182,9 @@ class PosixBackend:
     # tensor's too: one copy, no pinned buffer made per transfer); buffered I/O goes
     # straight from and to the tensor's memory (through one host copy for a device tensor).
     def write(self, key: int, src: torch.Tensor) -> None:
+        _after_deletes(self._unlinker, lambda: self._write_once(key, src))
+
+    def _write_once(self, key: int, src: torch.Tensor) -> None:
         flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC
         try:
             fd = os.open(self.where(key), flags | (os.O_DIRECT if self.direct else 0), 0o600)
@@ -185,7 +201,7 @@ class PosixBackend:
             def put(buf: _Staging, off: int, n: int) -> None:
                 self._pwrite_all(fd, memoryview(buf.map)[:_round_up(n)], off)
 
-            self._staged(src.numel(), first=fill, then=put)
+            self._staged(src.numel(), copy=fill, io=put, io_first=False)
         except OSError as exc:
             raise _full_or(exc) from None
         finally:
@@ -220,39 +236,48 @@ class PosixBackend:
             def empty(buf: _Staging, off: int, n: int) -> None:
                 dst[off:off + n].copy_(buf.tensor[:n])
 
-            self._staged(total, first=get, then=empty)
+            self._staged(total, copy=empty, io=get, io_first=True)
         finally:
             os.close(fd)
 
     # NOTE [ Pipelined staging ]: a transfer of more than one staging buffer alternates
-    # two buffers, and the second step of each piece (the pwrite of a write, the copy out
-    # of a read) runs on a backend thread while the worker does the first step of the
-    # next piece: the copy and the syscall overlap, so a large transfer goes at the
-    # slower of the two speeds, not at 1 / (1/copy + 1/disk). A piece's buffer is
-    # reused only after its second step is done, and every step is done before the
-    # call returns (and its file is closed), also when one fails.
-    def _staged(self, total: int, first: Callable[[_Staging, int, int], None],
-                then: Callable[[_Staging, int, int], None]) -> None:
-        """Run ``first`` then ``then`` on each piece ``(buffer, offset, bytes)`` of ``total`` bytes."""
+    # two buffers: the syscall of one piece (pwrite, pread) runs on a backend thread while
+    # the calling worker copies another piece into or out of the other buffer, so a large
+    # transfer goes at the slower of the two speeds, not at 1 / (1/copy + 1/disk). The
+    # copies stay on the calling worker, on its CUDA stream (NOTE [ Copy streams ] in
+    # runtime.executor; a stream is per thread). A buffer is reused only after its
+    # syscall is done, and every syscall is done before the call returns (and its file
+    # is closed), also when one fails.
+    def _staged(self, total: int, copy: Callable[[_Staging, int, int], None],
+                io: Callable[[_Staging, int, int], None], io_first: bool) -> None:
+        """Move ``total`` bytes in pieces ``(buffer, offset, bytes)``: ``copy`` then ``io`` on each
+        (a write), or ``io`` then ``copy`` (a read, ``io_first``)."""
         pieces = [(off, min(STAGING_BYTES, total - off)) for off in range(0, total, STAGING_BYTES)]
         if len(pieces) <= 1:
             buf = self._take_staging()
             try:
                 for off, n in pieces:
-                    first(buf, off, n)
-                    then(buf, off, n)
+                    for step in (io, copy) if io_first else (copy, io):
+                        step(buf, off, n)
             finally:
                 self._give_staging(buf)
             return
         bufs = [self._take_staging(), self._take_staging()]
         pending: list[Future[None] | None] = [None, None]
         try:
+            if io_first:
+                for i in range(2):
+                    pending[i] = self._pool().submit(io, bufs[i], *pieces[i])
             for i, (off, n) in enumerate(pieces):
-                previous = pending[i % 2]
-                if previous is not None:
-                    previous.result()  # its buffer is free again (or its error is raised)
-                first(bufs[i % 2], off, n)
-                pending[i % 2] = self._pool().submit(then, bufs[i % 2], off, n)
+                slot, f = i % 2, pending[i % 2]
+                if f is not None:
+                    pending[slot] = None
+                    f.result()  # the buffer is free again (a write), or filled (a read); or its error
+                copy(bufs[slot], off, n)
+                if not io_first:
+                    pending[slot] = self._pool().submit(io, bufs[slot], off, n)
+                elif i + 2 < len(pieces):
+                    pending[slot] = self._pool().submit(io, bufs[slot], *pieces[i + 2])
             for f in pending:
                 if f is not None:
                     f.result()
@@ -281,10 +306,11 @@ class PosixBackend:
         self._unlinker.delete(self.where(key))
 
     def close(self) -> None:
-        if self._io is not None:
-            self._io.shutdown(wait=True)
-            self._io = None
-        self._unlinker.close()
+        with self._lock:
+            pool, self._io = self._io, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self._unlinker.flush()
         shutil.rmtree(self.dir, ignore_errors=True)
         self._staging = []  # the maps go with their last reference
 
@@ -392,6 +418,9 @@ class KvikioBackend:
     # kvikio takes device buffers (``__cuda_array_interface__``) or host buffers (the buffer
     # protocol, which CPU tensors lack), and raises RuntimeError where the OS said errno.
     def write(self, key: int, src: torch.Tensor) -> None:
+        _after_deletes(self._unlinker, lambda: self._write_once(key, src))
+
+    def _write_once(self, key: int, src: torch.Tensor) -> None:
         buf = src if src.is_cuda else _host_bytes(src)
         try:
             with self._kvikio.CuFile(self.where(key), "w") as f:
@@ -422,5 +451,5 @@ class KvikioBackend:
         self._unlinker.delete(self.where(key))
 
     def close(self) -> None:
-        self._unlinker.close()
+        self._unlinker.flush()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -6,13 +6,14 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from runtime.backends import Backend, BackendFull, HostBackend, KvikioBackend, PosixBackend
+from runtime.backends import Backend, BackendFull, HostBackend, KvikioBackend, PosixBackend, _after_deletes
 
 SIZES = [1, 4095, 4096, 4097, (8 << 20) + 13, (24 << 20) + 4097]  # the last: 4 staging buffers' worth
 
@@ -144,3 +145,38 @@ def test_host_pool_limit_and_reuse() -> None:
     b.delete(2)
     b.write(4, random_bytes(3 * 4096, 4))  # freed blocks merge back into one
     assert b.used_bytes == 3 * 4096
+
+
+def test_posix_pipelined_copies_stay_on_the_calling_thread(tmp_path: Path) -> None:
+    """Only syscalls go to the backend's threads: a CUDA copy must run on the worker's stream,
+    and a current stream is per thread (NOTE [ Pipelined staging ])."""
+    b = PosixBackend(tmp_path)
+    seen: dict[str, list[tuple[int, int]]] = {"copy": [], "io": []}
+    for io_first in (False, True):
+        b._staged((3 << 23) + 5, copy=lambda buf, off, n: seen["copy"].append((threading.get_ident(), off)),
+                  io=lambda buf, off, n: seen["io"].append((threading.get_ident(), off)), io_first=io_first)
+    b.close()
+    assert {t for t, _ in seen["copy"]} == {threading.get_ident()}
+    assert threading.get_ident() not in {t for t, _ in seen["io"]}
+    pieces = sorted(2 * [0, 1 << 23, 2 << 23, 3 << 23])  # each piece once each way
+    assert sorted(off for _, off in seen["io"]) == sorted(off for _, off in seen["copy"]) == pieces
+
+
+def test_a_full_disk_waits_for_pending_deletes_once(tmp_path: Path) -> None:
+    """Deleted files keep their blocks until the unlinking thread gets to them: a write that
+    finds the disk full waits for those deletes and tries once more."""
+    b = PosixBackend(tmp_path)
+    b.write(1, random_bytes(5000, 1))
+    b.delete(1)
+    tries = []
+
+    def full_once() -> None:
+        tries.append(len(list(b.dir.iterdir())))
+        if len(tries) == 1:
+            raise BackendFull(28, "no space left on device")
+
+    _after_deletes(b._unlinker, full_once)
+    assert tries[1] == 0  # the second try came after the deleted file was gone
+    with pytest.raises(BackendFull):  # nothing pending: no second try
+        _after_deletes(b._unlinker, lambda: (_ for _ in ()).throw(BackendFull(28, "full")))
+    b.close()
