@@ -16,7 +16,7 @@ reservation updates both copies.
 
 The free capacity is kept as prefix sums in blocks of about ``sqrt(2 n) / 4``
 slots: the sum before each block, and the running sum inside each block. A
-query is a binary search for the block and a scan of its running sums,
+query is a binary search for the block and one in its running sums,
 vectorised over arrays of transfers (the greedy scores batches of candidates,
 two queries each), or one transfer at a time (``*_one``: the greedy's single
 re-checks, and reservations). A reservation rewrites the slots it fills, the
@@ -139,16 +139,17 @@ class Channel:
         fill that needs more than that runs out.
         """
         n, free = self.n, self.free
-        end = self.earliest_end_one(start, size_bytes)
+        before = self._prefix_one(start)
+        end = max(self._last_below_one(before + size_bytes - _TOL_BYTES, inclusive=False), 0)  # earliest_end_one
         stop = min(start + n, self.size)
         # Slots with nothing free are skipped: in a busy channel the fill starts far from ``start``,
         # and rewriting the empty slots between made a reservation O(n).
-        lo = max(self._last_below_one(self._prefix_one(start), inclusive=True), start)
+        lo = max(self._last_below_one(before, inclusive=True), start)
         if end >= stop:
             free[lo:stop] = 0.0
             end, last = self.size, stop
         else:
-            remaining = size_bytes - (self._prefix_one(end) - self._prefix_one(start))
+            remaining = size_bytes - (self._prefix_one(end) - before)
             free[lo:end] = 0.0
             free[end] = free[end] - remaining if free[end] > remaining + _TOL_BYTES else 0.0
             last = end + 1

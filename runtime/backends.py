@@ -148,7 +148,7 @@ class PosixBackend:
         self.direct = direct and hasattr(os, "O_DIRECT") and self._probe_direct()
         self._staging: list[_Staging] = [_Staging() for _ in range(num_staging)]
         self._lock = threading.Lock()
-        self._io: ThreadPoolExecutor | None = None  # second steps of pipelined transfers, made on first use
+        self._io: ThreadPoolExecutor | None = None  # syscalls of pipelined transfers, made on first use
         self._unlinker = _Unlinker()
 
     def _probe_direct(self) -> bool:
