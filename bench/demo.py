@@ -21,10 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_gpt.py"
 
 
-def sh(*args: str | Path) -> subprocess.CompletedProcess[str]:
+def sh(*args: str | Path, quiet: bool = False) -> subprocess.CompletedProcess[str]:
     cmd = [str(a) for a in args]
     shown = " ".join(a if a != sys.executable else "python" for a in cmd)
-    print(f"$ {shown}", flush=True)
+    if not quiet:
+        print(f"$ {shown}", flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.stderr.write(r.stdout + r.stderr)
@@ -41,7 +42,7 @@ def losses(stdout: str) -> list[str]:
 
 
 def step_ms(stdout: str) -> float:
-    """Median step time, steps 0 and 1 left out (warm-up; teraio follows from iteration 1)."""
+    """Median step time, steps 0 and 1 left out (set-up and warm-up)."""
     times = [float(t) for t in re.findall(r"time_ms (\S+)", stdout)][2:]
     return statistics.median(times) if times else float("nan")
 
@@ -91,8 +92,13 @@ def main() -> None:
 
     print()
     print(f"{'':28}{'plain':>14}{'teraio run':>14}")
-    print(f"{'peak tracked memory':28}{mib(peak):>14}{mib(report['peak_tracked_bytes']):>14}"
+    print(f"{'peak tracked (iter. 1+)':28}{mib(peak):>14}{mib(report['peak_tracked_bytes']):>14}"
           f"   (budget {mib(budget)})")
+    first = json.loads((out / "plan.json").read_text()).get("first_iteration")
+    if first is not None and report["first_iteration_peak_bytes"] is not None:
+        print(f"{'peak tracked (iteration 0)':28}{mib(first['summary']['peak_before_bytes']):>14}"
+              f"{mib(report['first_iteration_peak_bytes']):>14}"
+              f"   (budget {mib(first['parameters']['gpu_mem_bytes'])})")
     if report["iteration_peak_cuda_allocated_bytes"]:
         print(f"{'peak CUDA allocated (2+)':28}{step_peak_mib(plain.stdout, 'peak_cuda_mib'):>10.1f} MiB"
               f"{report_peak_mib(report['iteration_peak_cuda_allocated_bytes']):>10.1f} MiB")

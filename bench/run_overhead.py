@@ -7,7 +7,7 @@ script and `teraio run` alternately for ``--rounds`` rounds (each a fresh
 process); step times and per-step peak RSS are the example's own `--timing`
 figures (teraio's peak RSS from its run report, as the example's is not the
 step's under teraio), steps before ``--skip`` left out (warm-up, and iteration 0, which
-teraio does not follow). Medians over all kept steps of all rounds.
+runs the script's set-up and makes the optimizer's state). Medians over all kept steps of all rounds.
 
     python bench/run_overhead.py [--rounds 3] [--budget 0.5] -- [example args]
 

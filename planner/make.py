@@ -125,8 +125,11 @@ def migrations_of(rank_plan: RankPlan) -> list[Migration]:
 
 def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
                comparison: dict[str, Any] | None = None,
-               extra_parameters: dict[str, Any] | None = None) -> Plan:
-    """The plan.json model of ``rank_plans``; ``summary`` is the slowest rank's."""
+               extra_parameters: dict[str, Any] | None = None, first: Plan | None = None,
+               carried_into_next: dict[int, dict[int, int]] | None = None) -> Plan:
+    """The plan.json model of ``rank_plans``; ``summary`` is the slowest rank's. ``first`` is
+    iteration 0's plan, ``carried_into_next`` its map of the storages it hands on (NOTE [ The
+    first iteration's plan ] in ``planner.plan``)."""
     by_rank = {r: summarize(rp, hw) for r, rp in rank_plans.items()}
     worst = max(by_rank, key=lambda r: by_rank[r]["predicted_iteration_us"])
     parameters = {
@@ -142,5 +145,6 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
         signature=signature, parameters=parameters, summary={"rank": worst, **by_rank[worst]},
         migrations={r: migrations_of(rp) for r, rp in rank_plans.items()},
         op_names={r: list(rp.problem.op_names) for r, rp in rank_plans.items()},
-        summary_by_rank=by_rank, comparison=comparison or {},
+        summary_by_rank=by_rank, comparison=comparison or {}, first=first,
+        carried_into_next=carried_into_next or {},
     )

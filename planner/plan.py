@@ -33,6 +33,17 @@ was not offloaded, as in the first iteration, finds nothing to do). For every
 migration, ``trigger_op`` and ``deadline_op`` lie on the period's ops
 ``period_start_op + 1 .. period_end_op`` folded modulo ``num_ops``.
 
+NOTE [ The first iteration's plan ]: a profile that recorded iteration 0
+(NOTE [ The first iteration ] in ``profiles.model``) gets a plan of its own for
+it, under ``first_iteration``: a whole plan of the same format (its own
+``signature``, ``parameters``, ``summary``, ``op_names`` and ``ranks``), made
+for one pass (nothing wraps; what it leaves alive may go out for good), whose
+``parameters.gpu_mem_bytes`` is the budget iteration 0 is held to: the plan's
+own, or more when iteration 0 cannot fit it. Its ``carried_into_next`` maps,
+per rank, the steady id of each transient storage iteration 0 hands to
+iteration 1 to that storage's id in iteration 1 (keys and values decimal), so
+that the steady plan can move it at the boundary.
+
 NOTE [ Offloads without a prefetch ]: an offload with no prefetch of the same
 ``tensor_id`` and ``period_start_op`` moves a *trailing* period (NOTE [
 Trailing periods ] in ``planner.problem``): the storage is not used again
@@ -136,13 +147,15 @@ class Plan:
     op_names: dict[int, list[str]] = field(default_factory=dict)
     summary_by_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
     comparison: dict[str, Any] = field(default_factory=dict)
+    first: Plan | None = None  # NOTE [ The first iteration's plan ]
+    carried_into_next: dict[int, dict[int, int]] = field(default_factory=dict)  # in ``first`` only
 
     def num_ops(self, rank: int) -> int | None:
         names = self.op_names.get(rank)
         return None if names is None else len(names)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "format": FORMAT,
             "signature": self.signature,
             "parameters": self.parameters,
@@ -153,6 +166,12 @@ class Plan:
             "op_names": {str(r): n for r, n in self.op_names.items()},
             "ranks": {str(r): [m.to_dict() for m in ms] for r, ms in self.migrations.items()},
         }
+        if self.carried_into_next:
+            doc["carried_into_next"] = {str(r): {str(k): v for k, v in m.items()}
+                                        for r, m in self.carried_into_next.items()}
+        if self.first is not None:
+            doc["first_iteration"] = self.first.to_json()
+        return doc
 
     @classmethod
     def from_json(cls, doc: Any, source: object = "plan") -> Plan:
@@ -174,11 +193,15 @@ class Plan:
                         migrations[rank].append(Migration.from_dict(d, num_ops))
                     except (KeyError, TypeError, ValueError) as exc:
                         raise PlanFormatError(source, f"rank {rank}, migration {i}: {_why(exc)}") from None
+            first = doc.get("first_iteration")
             return cls(
                 signature=str(doc["signature"]), parameters=dict(doc.get("parameters", {})),
                 summary=dict(doc.get("summary", {})), migrations=migrations, op_names=op_names,
                 summary_by_rank={int(r): dict(s) for r, s in doc.get("summary_by_rank", {}).items()},
                 comparison=dict(doc.get("comparison", {})),
+                first=None if first is None else cls.from_json(first, f"{source}, first_iteration"),
+                carried_into_next={int(r): {int(k): int(v) for k, v in m.items()}
+                                   for r, m in doc.get("carried_into_next", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanFormatError(source, f"malformed plan: {_why(exc)}") from None

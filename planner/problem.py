@@ -18,14 +18,15 @@ memory curve drops it anyway (``profiles.views.inactive_periods``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from planner.errors import InfeasibleBudgetError
 from profiles import Profile, active_bytes, inactive_periods, memory_curve
 
-__all__ = ["PlanProblem", "check_capacity", "cyclic_add", "problem_from_profile", "resident_need_bytes"]
+__all__ = ["PlanProblem", "check_capacity", "cyclic_add", "first_problem", "problem_from_profile",
+           "resident_need_bytes"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +95,23 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
         reads_back=periods["reads_back"].to_numpy(bool),
         names=dict(zip(named["tensor_id"].astype(int), named["name"].astype(str), strict=True)),
     )
+
+
+def first_problem(profile: Profile, rank: int = 0) -> PlanProblem | None:
+    """The problem of iteration 0 (``profile.first``, NOTE [ The first iteration ] in
+    ``profiles.model``), or None if the profile did not record it.
+
+    Iteration 0 runs once, not in a cycle: a storage it leaves alive has a
+    trailing period from its last access to the end (offload only, NOTE [
+    Trailing periods ]), and nothing is read back after the end, so a period
+    that would wrap (a storage alive before the first op) is dropped.
+    """
+    if profile.first is None or rank not in profile.first.ranks:
+        return None
+    p = problem_from_profile(profile.first, rank)
+    keep = ~(p.reads_back & (p.end_op >= p.num_ops))
+    return replace(p, tensor_id=p.tensor_id[keep], size_bytes=p.size_bytes[keep], kind=p.kind[keep],
+                   start_op=p.start_op[keep], end_op=p.end_op[keep], reads_back=p.reads_back[keep])
 
 
 def cyclic_add(out: np.ndarray, begin: np.ndarray, end: np.ndarray, value: np.ndarray) -> None:

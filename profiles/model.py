@@ -1,4 +1,19 @@
-"""The in-memory profile and its reading, writing and validation."""
+"""The in-memory profile and its reading, writing and validation.
+
+NOTE [ The first iteration ]: iteration 0 differs from the steady state: it
+runs the script's set-up (the model's parameters are made in it) and the
+optimizer makes its state in it, so it has ops, storages and ids of its own.
+A profile may carry it as ``Profile.first``, a profile of that one iteration,
+written to the ``first_iteration/`` subdirectory with the same tables and
+format. Nothing is alive before it except what the script made outside any op
+(those storages get ``alloc_op`` at their first access), and what it leaves
+alive (parameters, optimizer state, the last batch) has ``free_op == -1``.
+Its ``meta.json`` adds ``carried_into_next``: for each transient storage it
+hands to iteration 1 (the last batch, logits), the storage's steady id (the
+one the steady iteration's tables give it, NOTE [ Carried storages ] in
+``torch_patch.tracer``) -> its id in iteration 1 (its iteration-0 id with the
+carried flag), as a JSON object keyed by the steady id in decimal.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +35,7 @@ from profiles.schema import ACCESS_KINDS, FORMAT, PHASES, TABLE_SCHEMAS, TENSOR_
 __all__ = ["Profile", "find_newest_profile", "read_profile", "write_profile"]
 
 META_FILE = "meta.json"
+FIRST_DIR = "first_iteration"  # NOTE [ The first iteration ]
 
 
 @dataclass(frozen=True)
@@ -31,6 +47,7 @@ class Profile:
     tensors: pd.DataFrame
     accesses: pd.DataFrame
     path: Path | None = field(default=None, compare=False)
+    first: Profile | None = None  # iteration 0, if recorded (NOTE [ The first iteration ])
 
     @property
     def signature(self) -> str:
@@ -79,10 +96,10 @@ def write_profile(profile: Profile, directory: str | os.PathLike[str], force: bo
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        for name in TABLE_SCHEMAS:
-            pq.write_table(_to_table(getattr(profile, name), name), tmp / f"{name}.parquet")
-        meta = {**profile.meta, "format": FORMAT}
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        _write_parts(profile, tmp)
+        if profile.first is not None:
+            (tmp / FIRST_DIR).mkdir()
+            _write_parts(profile.first, tmp / FIRST_DIR)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -90,6 +107,13 @@ def write_profile(profile: Profile, directory: str | os.PathLike[str], force: bo
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _write_parts(profile: Profile, directory: Path) -> None:
+    for name in TABLE_SCHEMAS:
+        pq.write_table(_to_table(getattr(profile, name), name), directory / f"{name}.parquet")
+    meta = {**profile.meta, "format": FORMAT}
+    (directory / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 def _read_table(path: Path, name: str) -> pd.DataFrame:
@@ -151,7 +175,8 @@ def read_profile(directory: str | os.PathLike[str]) -> Profile:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise ProfileFormatError(meta_file, f"format {found!r}, expected {FORMAT!r}")
     tables = {name: _read_table(path, name) for name in TABLE_SCHEMAS}
-    profile = Profile(meta=meta, path=path, **tables)
+    first = read_profile(path / FIRST_DIR) if (path / FIRST_DIR).is_dir() else None
+    profile = Profile(meta=meta, path=path, first=first, **tables)
     _check_values(path, profile)
     return profile
 

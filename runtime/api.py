@@ -19,7 +19,7 @@ import torch
 from profiles.errors import TeraioError
 from runtime.backends import Backend, HostBackend, KvikioBackend, PosixBackend
 from runtime.engine import MigrationEngine
-from runtime.executor import Move, PlanExecutor
+from runtime.executor import FirstPlan, Move, PlanExecutor
 from runtime.memory import peak_rss_bytes, reset_peak_rss
 
 __all__ = ["RunPlan", "load_run_plan", "make_backends", "offload"]
@@ -42,6 +42,7 @@ class RunPlan:
     host_mem_bytes: int | None
     summary: dict[str, Any]
     budget_bytes: int | None = None  # the device memory the plan was made for
+    first: FirstPlan | None = None  # iteration 0's plan, if the profile recorded it
 
 
 def load_run_plan(path: str | os.PathLike[str], rank: int = 0) -> RunPlan:
@@ -56,30 +57,43 @@ def load_run_plan(path: str | os.PathLike[str], rank: int = 0) -> RunPlan:
         found = doc.get("format") if isinstance(doc, dict) else None
         raise PlanFileError(f"{p}: format {found!r}, expected {PLAN_FORMAT!r}")
     try:
-        ranks = doc["ranks"]
-        entries = ranks[str(rank)]
-        num_ops = int(doc.get("num_ops", {}).get(str(rank), 0)) or None
-        prefetch_at = {(m["tensor_id"], m.get("period_start_op")): int(m["trigger_op"])
-                       for m in entries if m["action"] == "prefetch"}
-        moves = [
-            Move(tensor_id=int(m["tensor_id"]), action=str(m["action"]),
-                 target=str(m.get("target") or m.get("source")), trigger_op=int(m["trigger_op"]),
-                 deadline_op=int(m["deadline_op"]), size_bytes=int(m["size_bytes"]),
-                 urgent=bool(m.get("urgent", False)), name=m.get("name"),
-                 out_at_boundary=m["action"] == "offload" and _out_at_boundary(m, prefetch_at, num_ops))
-            for m in entries
-        ]
-        op_names = doc.get("op_names", {}).get(str(rank))
+        moves, op_names = _moves_of(doc, rank)
         params = doc.get("parameters", {})
         host = params.get("host_mem_bytes")
         budget = params.get("gpu_mem_bytes")
-    except (KeyError, TypeError, ValueError) as exc:
+        first = doc.get("first_iteration")
+        first_plan = None
+        if first is not None and str(rank) in first.get("ranks", {}):
+            first_moves, first_names = _moves_of(first, rank)
+            first_budget = first.get("parameters", {}).get("gpu_mem_bytes")
+            carried = first.get("carried_into_next", {}).get(str(rank), {})
+            first_plan = FirstPlan(first_moves, list(first_names or []),
+                                   int(first_budget) if first_budget is not None else None,
+                                   {int(k): int(v) for k, v in carried.items()})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlanFileError(f"{p}: malformed plan ({exc!r} missing or wrong)") from None
     if any(m.action not in ("offload", "prefetch") for m in moves):
         raise PlanFileError(f"{p}: an action other than offload or prefetch")
     return RunPlan(str(doc.get("signature", "")), moves, op_names,
                    int(host) if host is not None else None, dict(doc.get("summary", {})),
-                   int(budget) if budget is not None else None)
+                   int(budget) if budget is not None else None, first_plan)
+
+
+def _moves_of(doc: dict[str, Any], rank: int) -> tuple[list[Move], list[str] | None]:
+    """The moves and op names of one rank of a plan document (or of its first iteration's)."""
+    entries = doc["ranks"][str(rank)]
+    num_ops = int(doc.get("num_ops", {}).get(str(rank), 0)) or None
+    prefetch_at = {(m["tensor_id"], m.get("period_start_op")): int(m["trigger_op"])
+                   for m in entries if m["action"] == "prefetch"}
+    moves = [
+        Move(tensor_id=int(m["tensor_id"]), action=str(m["action"]),
+             target=str(m.get("target") or m.get("source")), trigger_op=int(m["trigger_op"]),
+             deadline_op=int(m["deadline_op"]), size_bytes=int(m["size_bytes"]),
+             urgent=bool(m.get("urgent", False)), name=m.get("name"),
+             out_at_boundary=m["action"] == "offload" and _out_at_boundary(m, prefetch_at, num_ops))
+        for m in entries
+    ]
+    return moves, doc.get("op_names", {}).get(str(rank))
 
 
 def _out_at_boundary(offload: dict[str, Any], prefetch_at: dict[tuple[Any, Any], int],
@@ -116,16 +130,23 @@ def make_backends(backend: str, swap_dir: str | os.PathLike[str] | None,
 
 
 def first_iteration_warning(run_plan: RunPlan, device_bytes: int) -> str | None:
-    """Why the first iteration may not fit ``device_bytes``: it follows the plan only in
-    part (NOTE [ Following the first iteration ] in runtime.executor), so it may need up
-    to the profiled peak. None if that fits."""
-    peak = int(run_plan.summary.get("peak_before_bytes") or 0)
-    if peak <= device_bytes:
+    """Why the first iteration may not fit ``device_bytes``; None if it should. Its own
+    plan (NOTE [ Following the first iteration ] in runtime.executor) may need more than
+    the steady plan's budget; a plan without one leaves it unplanned."""
+    device = f"the device's {device_bytes / 2**30:.2f} GiB"
+    if run_plan.first is None:
+        peak = int(run_plan.summary.get("peak_before_bytes") or 0)
+        if peak <= device_bytes:
+            return None
+        return (f"this plan has no plan for iteration 0 (its profile did not record it: profile "
+                f"and plan again with this teraio), so iteration 0 may need up to the profiled "
+                f"peak, {peak / 2**30:.2f} GiB, more than {device}: it may run out of memory")
+    need = run_plan.first.budget_bytes or 0
+    if need <= device_bytes:
         return None
-    return (f"iteration 0 follows the plan only from where its ops match it until its optimizer "
-            f"makes its state, and may need up to the profiled peak, {peak / 2**30:.2f} GiB, more "
-            f"than the device's {device_bytes / 2**30:.2f} GiB: it may run out of memory "
-            "(iterations 1 on follow the plan)")
+    return (f"iteration 0 (set-up, and the optimizer making its state) is planned for "
+            f"{need / 2**30:.2f} GiB, the least it fits in, more than {device}: it may run out "
+            "of memory")
 
 
 def _has_kvikio() -> bool:
@@ -156,7 +177,7 @@ def offload(plan: str | os.PathLike[str] | RunPlan, *, swap_dir: str | os.PathLi
     backends = make_backends(backend, swap_dir, min(host_bytes, DEFAULT_HOST_POOL_BYTES * 64))
     engine = MigrationEngine(num_workers)
     executor = PlanExecutor(run_plan.moves, run_plan.op_names, backends, engine, follow_from,
-                            run_plan.budget_bytes)
+                            run_plan.budget_bytes, run_plan.first)
     old_term = _term_as_exit()
     t0 = time.perf_counter()
     reset_peak_rss()
@@ -187,7 +208,7 @@ def run_report(executor: PlanExecutor, plan: RunPlan, wall_s: float) -> dict[str
     steady = s.iteration_s[1:] or s.iteration_s
     measured_iter = sorted(steady)[len(steady) // 2] if steady else None
     written, read = dict(s.bytes_written), dict(s.bytes_read)
-    # Iteration 0 follows the plan only in part (see runtime.executor): its peak is reported apart.
+    # Iteration 0 has a plan of its own (see runtime.executor): its peak is reported apart.
     peaks = s.iteration_peak_bytes
     followed = peaks[executor.follow_from:] or peaks or [s.peak_tracked_bytes]
     rss = s.iteration_peak_rss_bytes
@@ -196,6 +217,9 @@ def run_report(executor: PlanExecutor, plan: RunPlan, wall_s: float) -> dict[str
     return {
         "peak_tracked_bytes": max(followed),
         "first_iteration_peak_bytes": peaks[0] if peaks else None,
+        # the budget iteration 0 was planned for (None: no plan for it), and where it left that plan
+        "first_iteration_budget_bytes": plan.first.budget_bytes if plan.first is not None else None,
+        "first_iteration_left_plan_at": executor.first_left_at,
         "iteration_peak_bytes": peaks,
         "peak_rss_bytes": max(followed_rss),
         "iteration_peak_rss_bytes": rss,

@@ -7,9 +7,8 @@ and (4) makes every input of op k resident, faulting in on demand whatever
 is not, plan or no plan. A prefetch or an op that would take the tracked
 bytes over the plan's budget first waits for offloads in flight to make room,
 as the planner's simulator does (NOTE [ Room ]). Waits are stalls, counted and
-timed. Iteration 0 is followed only in part (it differs from the profile:
-set-up ops first, and the optimizer makes its state in it): NOTE [ Following
-the first iteration ].
+timed. Iteration 0 has a plan of its own (it runs the script's set-up ops, and
+the optimizer makes its state in it): NOTE [ Following the first iteration ].
 """
 
 from __future__ import annotations
@@ -32,10 +31,10 @@ from runtime.engine import Job, MigrationEngine
 from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.storage import byte_view, free_storage, realloc_storage
-from torch_patch.identity import CARRIED_FLAG, PRODUCED_BASE, produced_by, produced_id, shift_op
+from torch_patch.identity import PRODUCED_BASE
 from torch_patch.opstream import OpInfo, OpStream
 
-__all__ = ["Move", "PlanExecutor", "Residency"]
+__all__ = ["FirstPlan", "Move", "PlanExecutor", "Residency"]
 
 
 class Residency(Enum):
@@ -59,6 +58,38 @@ class Move:
     urgent: bool = False
     out_at_boundary: bool = False  # an offload whose period spans the iteration boundary
     name: str | None = None  # a named tensor's name (parameter, gradient, optimizer state)
+
+
+@dataclass(frozen=True)
+class FirstPlan:
+    """Iteration 0's plan (NOTE [ The first iteration's plan ] in ``planner.plan``)."""
+
+    moves: list[Move]
+    op_names: list[str]
+    budget_bytes: int | None
+    carried: dict[int, int]  # steady plan id -> id in iteration 1 of a storage made in iteration 0
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """One iteration's plan, looked up op by op."""
+
+    triggers: dict[int, list[Move]]  # trigger op -> moves; offloads first (NOTE [ Room ])
+    deadlines: dict[int, list[int]]  # op -> tensor ids whose offloads must be done before it
+    op_names: list[str] | None
+    budget_bytes: int | None
+
+    @classmethod
+    def of(cls, moves: list[Move], op_names: list[str] | None, budget_bytes: int | None) -> _Schedule:
+        triggers: dict[int, list[Move]] = defaultdict(list)
+        deadlines: dict[int, list[int]] = defaultdict(list)
+        # At one op, offloads start before prefetches: a prefetch waits for room only on
+        # offloads in flight (NOTE [ Room ]), as the simulator's op does.
+        for m in sorted(moves, key=lambda m: m.action != "offload"):
+            triggers[m.trigger_op].append(m)
+            if m.action == "offload":
+                deadlines[m.deadline_op].append(m.tensor_id)
+        return cls(dict(triggers), dict(deadlines), op_names, budget_bytes)
 
 
 @dataclass(eq=False)
@@ -124,29 +155,23 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> Callable[[], 
     return run
 
 
-_ANCHOR = 32  # op names in a row that place the first iteration's ops on the plan's
-
-
 class PlanExecutor(OpStream):
     def __init__(self, moves: list[Move], op_names: list[str] | None,
                  backends: dict[str, Backend], engine: MigrationEngine,
-                 follow_from: int = 1, budget_bytes: int | None = None) -> None:
+                 follow_from: int = 1, budget_bytes: int | None = None,
+                 first: FirstPlan | None = None) -> None:
         super().__init__()
-        self.triggers: dict[int, list[Move]] = defaultdict(list)
-        self.deadlines: dict[int, list[int]] = defaultdict(list)
-        # At one op, offloads start before prefetches: a prefetch waits for room only on
-        # offloads in flight (NOTE [ Room ]), as the simulator's op does.
-        for m in sorted(moves, key=lambda m: m.action != "offload"):
-            self.triggers[m.trigger_op].append(m)
-            if m.action == "offload":
-                self.deadlines[m.deadline_op].append(m.tensor_id)
-        self.planned_size = {m.tensor_id: m.size_bytes for m in moves}
+        self.moves = moves
+        self.steady = _Schedule.of(moves, op_names, budget_bytes)
+        self.first = first if follow_from == 1 else None  # NOTE [ Following the first iteration ]
+        self.schedule = self.steady if self.first is None else _Schedule.of(
+            self.first.moves, self.first.op_names, self.first.budget_bytes)
+        self.first_left_at: str | None = None  # where iteration 0 stopped following its plan
+        self._carried_from_first = {} if first is None else first.carried
         self.carried_out = [m for m in moves if m.out_at_boundary]
-        self.op_names = op_names
         self.backends = backends
         self.engine = engine
         self.follow_from = follow_from
-        self.budget_bytes = budget_bytes
         self._writes: deque[_Entry] = deque()  # offloads in flight, oldest first
         # bytes each op made, this followed iteration and the one before (NOTE [ Room ])
         self._made: list[int] = []
@@ -162,18 +187,19 @@ class PlanExecutor(OpStream):
         self._iter_t0 = time.perf_counter()
         # transient id -> the id its storage got at the last boundary (NOTE [ Plan ids ])
         self._renamed_at_boundary: dict[int, int] = {}
-        self._first_names: list[str] = []  # op names of iteration 0 (follow_from - 1)
-        # NOTE [ Following the first iteration ]
-        self._first_shift: int | None = None
-        self._first_stopped = False
-        self._anchors: dict[str, list[int]] = defaultdict(list)  # name -> plan ops an anchor ends at
-        for end, name in enumerate((op_names or [])[:_ANCHOR - 1 + 16]):
-            if end >= _ANCHOR - 1:
-                self._anchors[name].append(end)
 
     @property
     def following(self) -> bool:
-        return self.iteration >= self.follow_from and self.diverged is None
+        """Whether this iteration follows a plan: the steady one, or iteration 0's."""
+        if self.diverged is not None:
+            return False
+        if self.iteration == 0:
+            return self.first is not None and self.first_left_at is None
+        return self.iteration >= self.follow_from
+
+    @property
+    def steady_following(self) -> bool:
+        return self.following and self.iteration >= self.follow_from
 
     # ---- per op ----------------------------------------------------------------
     def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -182,12 +208,11 @@ class PlanExecutor(OpStream):
             self._drain()
         if self.following:
             self._check_op(index, str(func))
-        elif self.iteration == self.follow_from - 1 and self.op_names is not None:
-            self._follow_first(index, str(func))
         if self.following:
-            for m in self.triggers.get(index, ()):
+            schedule = self.schedule
+            for m in schedule.triggers.get(index, ()):
                 self._start(m)
-            for tid in self.deadlines.get(index, ()):
+            for tid in schedule.deadlines.get(index, ()):
                 _, entry = self._moved_entry(tid)
                 if entry is not None and entry.state is Residency.OFFLOADING:
                     self._wait(entry)
@@ -215,7 +240,7 @@ class PlanExecutor(OpStream):
                 n = t.untyped_storage().nbytes()
                 sizes[tid] = n
                 stats.tracked_bytes += n
-        if self.following:
+        if self.steady_following:
             self._made.append(stats.tracked_bytes - before)
         if stats.tracked_bytes > stats.peak_tracked_bytes:
             stats.peak_tracked_bytes = stats.tracked_bytes
@@ -233,47 +258,19 @@ class PlanExecutor(OpStream):
             entry.backend.delete(entry.key)
 
     # NOTE [ Following the first iteration ]: iteration 0 runs the script's set-up ops,
-    # then the plan's ops as far as the optimizer (which makes its state there). Once its
-    # last ``_ANCHOR`` op names are the plan's ops ``j - _ANCHOR + 1 .. j`` (j among the
-    # plan's first ops: its first few may be the tail of the step before), its op ``i``
-    # is the plan's op ``i - shift`` and a storage an op made has the plan's id shifted
-    # by ``shift`` ops (``shift_op``). From op j on, the plan's transfers are carried out
-    # with the ids shifted, and each op checked; at the first op or size that differs it
-    # stops until iteration 1, and what is out comes back when an op needs it. Storages
-    # the first iteration has not made yet (gradients, optimizer state) are not moved.
-    def _follow_first(self, index: int, name: str) -> None:
-        seen, names = self._first_names, self.op_names
-        seen.append(name)
-        if self._first_stopped or names is None:
-            return
-        if self._first_shift is None:
-            if len(seen) >= _ANCHOR:
-                for end in self._anchors.get(name, ()):
-                    if seen[-_ANCHOR:] == names[end - _ANCHOR + 1:end + 1]:
-                        self._first_shift = index - end
-                        break
-            if self._first_shift is None:
-                return
-        shift = self._first_shift
-        k = index - shift
-        if k >= len(names) or names[k] != name:
-            self._first_stopped = True
-            return
-        for m in self.triggers.get(k, ()):
-            m = replace(m, tensor_id=shift_op(m.tensor_id, shift))
-            storage = self.ids.storage(m.tensor_id) if m.action == "offload" else None
-            if storage is not None and storage.nbytes() != m.size_bytes:
-                self._first_stopped = True
-                return
-            self._start(m)
-        for tid in self.deadlines.get(k, ()):
-            entry = self.moved.get(shift_op(tid, shift))
-            if entry is not None and entry.state is Residency.OFFLOADING:
-                self._wait(entry)
+    # and the optimizer makes its state in it: it is no steady iteration, and the plan
+    # has a plan of its own for it (NOTE [ The first iteration's plan ] in planner.plan),
+    # whose ids are iteration 0's. The executor follows it as it follows the steady plan,
+    # op by op, with its own budget, from the first op it sees (``teraio run`` starts
+    # with the script; under ``offload()`` entered later the ops differ at once). Where
+    # an op, a count of ops or a size differs, it stops following it, warns once and
+    # finishes iteration 0 on demand: that is no divergence of the steady plan. At the
+    # boundary the steady plan takes over (``begin_iteration``): what it has out across
+    # the boundary goes out, what iteration 0 left out that it has in comes back.
 
     # ---- plan checks -------------------------------------------------------------
     def _check_op(self, index: int, name: str) -> None:
-        names = self.op_names
+        names = self.schedule.op_names
         if names is None:
             return
         if index >= len(names) or names[index] != name:
@@ -284,7 +281,13 @@ class PlanExecutor(OpStream):
     def _diverge(self, where: str) -> None:
         """Stop following the plan. The first followed iteration must match: a plan made
         for another profile is refused. Later, the warning waits for the next iteration
-        boundary, so that code after the training loop is not reported as a divergence."""
+        boundary, so that code after the training loop is not reported as a divergence.
+        In iteration 0, stop following its plan only (NOTE [ Following the first iteration ])."""
+        if self.iteration == 0:
+            self.first_left_at = where
+            self._warn_once("first", f"iteration 0 left its plan at {where}; it goes on on "
+                            "demand, and may need more memory than the plan's budget")
+            return
         self.restore_all()
         self.diverged = where
         if self.matched_iterations == 0:
@@ -387,7 +390,7 @@ class PlanExecutor(OpStream):
     def _make_room(self, nbytes: int) -> None:
         """Wait for offloads in flight, oldest first, until ``nbytes`` more fit the budget
         or none is left (NOTE [ Room ])."""
-        budget, writes = self.budget_bytes, self._writes
+        budget, writes = self.schedule.budget_bytes, self._writes
         if budget is None:
             return
         while writes and self.stats.tracked_bytes + nbytes > budget:
@@ -494,9 +497,14 @@ class PlanExecutor(OpStream):
                 entry.job.tensor_id = new_ids.get(entry.job.tensor_id, entry.job.tensor_id)
 
     def begin_iteration(self) -> None:
-        # The iteration before the first followed one, followed in part, kept resident what
-        # the plan has out across the boundary: send it out now and wait (one stall), so the
-        # first followed iteration starts with the memory the plan expects.
+        if self.iteration == 1:
+            self.schedule = self.steady
+            self._renamed_at_boundary = self._ids_after_first()
+        # The iteration before the first followed one (iteration 0 under its own plan, or
+        # one not followed) may have kept resident what the steady plan has out across the
+        # boundary: send it out now and wait (one stall), so that the first followed
+        # iteration starts with the memory the plan expects; and what it left out that the
+        # plan has in comes back (it is needed soon, and the plan counts it resident).
         if self.iteration == self.follow_from and self.diverged is None:
             out = self._carried_out_now()
             for m in out:
@@ -505,55 +513,41 @@ class PlanExecutor(OpStream):
                 entry = self.moved.get(m.tensor_id)
                 if entry is not None and entry.state is Residency.OFFLOADING:
                     self._wait(entry)
+            kept_out = {m.tensor_id for m in out}
+            for tid, entry in list(self.moved.items()):
+                if tid in kept_out:
+                    continue
+                if entry.state is Residency.OFFLOADING:
+                    entry.touched = True  # kept resident when its write is done
+                elif entry.state in (Residency.SSD, Residency.HOST):
+                    self._fetch(tid, entry, urgent=False)
         self.stats.peak_tracked_bytes = self.stats.tracked_bytes  # the new iteration's peak
 
-    def _carried_out_now(self) -> list[Move]:
-        """The plan's offloads out across the boundary, with the ids their storages have now.
-
-        Persistent ids are stable. A transient one is the id of the iteration that made
-        it: a gradient (named at the boundary) is found by its name, another storage as
-        NOTE [ Carried from the first iteration ] says, or not at all (it is then
-        out once it dies).
-        """
+    def _ids_after_first(self) -> dict[int, int]:
+        """At the boundary after iteration 0: steady plan id -> id now of the plan's transient
+        storages that iteration 0 made and left alive (NOTE [ Plan ids ]). Iteration 0's own
+        ids mean nothing to the steady plan: a gradient is found by its name, another
+        storage by the map iteration 0's plan carries (``FirstPlan.carried``)."""
         by_name = {name: tid for tid, (name, _) in self.persistent.items()}
-        seen, self._first_names = self._first_names, []
-        shift = self._first_shift
+        ids = dict(self._carried_from_first)
+        for m in self.moves:
+            if m.tensor_id >= PRODUCED_BASE and m.name in by_name:
+                ids[m.tensor_id] = by_name[m.name]
+        return ids
+
+    def _carried_out_now(self) -> list[Move]:
+        """The plan's offloads out across the boundary, with the ids their storages have
+        now (persistent ids are stable; transient ones as NOTE [ Plan ids ] says). One whose
+        storage is not found is out once it dies."""
         out = []
         for m in self.carried_out:
-            tid = by_name.get(m.name, -1) if m.name is not None else -1
-            if tid < 0 and m.tensor_id < PRODUCED_BASE:
-                tid = m.tensor_id
-            if tid < 0 and shift is not None:
-                tid = self._carried_from_first(m, seen, shift)
+            tid = m.tensor_id if m.tensor_id < PRODUCED_BASE else self._renamed_at_boundary.get(m.tensor_id, -1)
             if tid >= 0:
                 out.append(replace(m, tensor_id=tid, urgent=True))
         return out
 
-    # NOTE [ Carried from the first iteration ]: a transient storage alive at the
-    # boundary (the last batch, the loss) has the id of the op that made it, and the
-    # first iteration numbered its ops after the script's set-up ops: the op the plan
-    # names ``k`` ran as ``k + shift`` (NOTE [ Following the first iteration ]). If it
-    # is the same op and made a storage of the planned size, that storage is the plan's,
-    # and later events find it by its plan id.
-    def _carried_from_first(self, m: Move, seen: list[str], shift: int) -> int:
-        """The id now of plan move ``m``'s storage, made by iteration 0
-        (whose op names are ``seen``); -1 if none."""
-        made = produced_by(m.tensor_id)
-        names = self.op_names
-        if made is None or names is None:
-            return -1
-        k, position = made
-        if k + shift >= len(seen) or seen[k + shift] != names[k]:
-            return -1
-        tid = produced_id(k + shift, position) | CARRIED_FLAG
-        storage = self.ids.storage(tid)
-        if storage is None or storage.nbytes() != m.size_bytes:
-            return -1
-        self._renamed_at_boundary[m.tensor_id] = tid
-        return tid
-
     def end_iteration(self) -> None:
-        if self.following:
+        if self.steady_following:
             self._made_before, self._made = self._made, []
         if self.diverged is not None and not self.divergence_reported:
             self.divergence_reported = True
@@ -570,11 +564,12 @@ class PlanExecutor(OpStream):
         if torch.cuda.is_initialized():
             self.stats.iteration_peak_cuda_bytes.append(torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
-        if self.following and self.op_names is not None:
-            if self.op_index != len(self.op_names):
+        names = self.schedule.op_names
+        if self.following and names is not None:
+            if self.op_index != len(names):
                 self._diverge(f"iteration {self.iteration}: {self.op_index} ops, the plan "
-                              f"expects {len(self.op_names)}")
-            else:
+                              f"expects {len(names)}")
+            elif self.iteration > 0:
                 self.matched_iterations += 1
         trim()  # see NOTE [ malloc on CPU ]: without it the heap only grows
         reset_peak_rss()

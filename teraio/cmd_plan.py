@@ -67,12 +67,16 @@ def _pct(x: float) -> str:
 
 
 def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
-                   comparison: dict[str, dict[str, Any]]) -> None:
+                   comparison: dict[str, dict[str, Any]], first: dict[str, Any] | None) -> None:
     fits = "fits" if s["fits"] else "DOES NOT FIT"
     print(f"profile     {profile_path}: {s['num_ops']:,} ops, {s['num_inactive_periods']:,} inactive periods"
           f" (rank {s['rank']})")
     print(f"memory      peak {_mib(s['peak_before_bytes'])} before, {_mib(s['peak_after_bytes'])} after, "
           f"capacity {_mib(s['gpu_mem_bytes'])} ({fits})")
+    if first is not None:
+        print(f"iteration 0 {first['num_ops']:,} ops (set-up, optimizer state made): peak "
+              f"{_mib(first['peak_before_bytes'])} before, {_mib(first['peak_after_bytes'])} after, "
+              f"{first['predicted_iteration_us'] / 1e3:,.2f} ms predicted")
     print(f"time        {s['predicted_iteration_us'] / 1e3:,.2f} ms per iteration predicted, ideal "
           f"{s['ideal_iteration_us'] / 1e3:,.2f} ms ({s['slowdown']:.3f}x); stalls "
           f"{s['stall_us'] / 1e3:,.2f} ms before {s['num_stalled_ops']:,} ops")
@@ -96,6 +100,33 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
             print(f"            {name:<22} {c['iteration_us'] / 1e3:>8,.2f} ms {c['slowdown']:>8.3f}x   "
                   f"{_mib(c['peak_bytes']):<13} {'yes' if c['fits'] else 'no'}")
     print(f"plan        written to {out}")
+
+
+def plan_first(prof: Any, hw: Any) -> Any:
+    """Iteration 0's plan (NOTE [ The first iteration's plan ] in ``planner.plan``), or None
+    when the profile did not record it. Held to ``hw``'s capacity, or to the least iteration 0
+    can fit in when that is more (said in a warning)."""
+    from dataclasses import replace
+
+    from planner import build_plan, plan_rank
+    from planner.problem import first_problem, resident_need_bytes
+
+    if prof.first is None or prof.ranks != [0]:
+        return None
+    problem = first_problem(prof, 0)
+    if problem is None or not problem.num_ops:
+        return None
+    need = resident_need_bytes(problem)
+    k = int(need.argmax())
+    if need[k] > hw.gpu_mem_bytes:
+        warn(f"iteration 0 (the script's set-up, and the optimizer making its state) needs "
+             f"{_mib(need[k])} resident at its op {k} ({problem.op_names[k]}), more than "
+             f"{_mib(hw.gpu_mem_bytes)}: it is planned for {_mib(need[k])} and will go over the budget")
+    hw0 = replace(hw, gpu_mem_bytes=max(hw.gpu_mem_bytes, int(need[k])))
+    info(f"planning iteration 0: {problem.num_ops:,} ops, {problem.num_periods:,} inactive periods")
+    rank_plan = plan_rank(problem, hw0, progress=lambda line: info(f"planning iteration 0: {line}"))
+    carried = {int(k): int(v) for k, v in prof.first.meta.get("carried_into_next", {}).items()}
+    return build_plan({0: rank_plan}, hw0, prof.first.signature, carried_into_next={0: carried})
 
 
 def compare_policies(profile: Any, problem: Any, hw: Any, rank_plan: Any, rank: int) -> dict[str, dict[str, Any]]:
@@ -171,8 +202,9 @@ def plan(
             fail(f"rank {rank}: {exc}")
         if compare and rank == prof.ranks[0]:
             comparison = compare_policies(prof, problem, hw, rank_plans[rank], rank)
+    first_plan = plan_first(prof, hw)
     doc = build_plan(rank_plans, hw, prof.signature, comparison=comparison,
-                     extra_parameters={"profile": str(prof.path)})
+                     extra_parameters={"profile": str(prof.path)}, first=first_plan)
     s = doc.summary
     s.update(ssd_wear(s["bytes_to_ssd"], s["predicted_iteration_us"], ssd_endurance_pbw))
     if bw_needed:
@@ -192,7 +224,9 @@ def plan(
     except OSError as exc:
         fail(f"cannot write {exc.filename}: {exc.strerror}")
     if json_out:
-        print(json.dumps({"summary": doc.to_json()["summary"], "comparison": doc.to_json()["comparison"],
+        j = doc.to_json()
+        print(json.dumps({"summary": j["summary"], "comparison": j["comparison"],
+                          "first_iteration": j.get("first_iteration", {}).get("summary"),
                           "plan": str(out)}, indent=2))
     else:
-        _print_summary(doc.summary, prof.path, out, comparison)
+        _print_summary(doc.summary, prof.path, out, comparison, None if first_plan is None else first_plan.summary)

@@ -30,9 +30,7 @@ __all__ = [
     "StorageIds",
     "input_id",
     "persistent_names",
-    "produced_by",
     "produced_id",
-    "shift_op",
 ]
 
 PRODUCED_BASE = 1 << 40
@@ -46,22 +44,6 @@ _POS_BITS = 16  # up to 65536 tensors per op (foreach ops over every parameter)
 
 def produced_id(op_index: int, position: int) -> int:
     return PRODUCED_BASE + (op_index << _POS_BITS) + position
-
-
-def produced_by(tensor_id: int) -> tuple[int, int] | None:
-    """``(op_index, position)`` of a ``produced_id``; None for any other id."""
-    if not PRODUCED_BASE <= tensor_id < INPUT_BASE:
-        return None
-    offset = tensor_id - PRODUCED_BASE
-    return offset >> _POS_BITS, offset & ((1 << _POS_BITS) - 1)
-
-
-def shift_op(tensor_id: int, ops: int) -> int:
-    """The id the same storage gets when its op runs ``ops`` later in the iteration: a
-    ``produced_id`` or ``input_id`` moves by ``ops`` op indices, any other id stays."""
-    if PRODUCED_BASE <= tensor_id < INPUT_BASE + (INPUT_BASE - PRODUCED_BASE):
-        return tensor_id + (ops << _POS_BITS)
-    return tensor_id
 
 
 def input_id(op_index: int, position: int) -> int:

@@ -3,7 +3,9 @@
 ``Tracer`` skips ``warmup`` iterations (iteration 0 creates optimizer state),
 records ``iters`` iterations and then raises ``ProfileComplete`` out of the
 optimizer step (or ``mark_iteration``) that ended the last one, which stops
-the training script. ``Tracer.profile()`` returns the recorded ``Profile``.
+the training script. ``Tracer.profile()`` returns the recorded ``Profile``,
+with iteration 0, from the moment the tracer is entered, as its ``first``
+part (NOTE [ The first iteration ] in ``profiles.model``).
 Op timing is wall time on CPU and CUDA events on GPU.
 """
 
@@ -86,6 +88,8 @@ class Tracer(OpStream):
         self.names: dict[int, str | None] = {}
         self.alloc_phase: dict[int, str] = {}
         self.done: list[tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]] = []
+        self.first: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None  # iteration 0
+        self.first_carried: dict[int, int] = {}  # steady id -> its id in iteration 1, made in 0
         self.consistent = True
         self._rec: _Iteration | None = None
         self._t0 = time.perf_counter_ns()
@@ -170,11 +174,25 @@ class Tracer(OpStream):
             if self.cuda_timing:
                 torch.cuda.synchronize()
 
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        out = super().__enter__()
+        live = {tid: s.nbytes() for tid, s in self.ids.live().items()}
+        for tid, n in live.items():
+            self.sizes.setdefault(tid, n)
+        self._rec = _Iteration(live)
+        self._t0 = self._now()
+        return out
+
     def end_iteration(self) -> None:
         rec = self._rec
-        recorded = rec is not None
+        recorded = rec is not None and self.iteration > 0
         if rec is not None:
-            self._close(rec)
+            tables = self._close(rec)
+            if self.iteration == 0:
+                self.first = tables
+            else:
+                self._check_consistent(tables)
+                self.done.append(tables)
             self._rec = None
         if self.on_iteration is not None:
             k = self.done[-1][0] if recorded else None
@@ -186,7 +204,7 @@ class Tracer(OpStream):
         if len(self.done) >= self.iters:
             raise ProfileComplete
 
-    def _align_carried(self, rec: _Iteration) -> None:
+    def _align_carried(self, rec: _Iteration) -> dict[int, int]:
         """Give storages carried in from the previous iteration the ids of their successors.
 
         NOTE [ Carried storages ]: a transient storage that outlives the boundary
@@ -204,15 +222,19 @@ class Tracer(OpStream):
         new = sorted(t for t in rec.alloc
                      if t >= PRODUCED_BASE and t not in rec.frees and t not in self.labels)
         if not prev or len(prev) != len(new):
-            return
+            return {}
         rename = dict(zip(prev, new, strict=True))
         rec.carried = {rename.get(t, t): n for t, n in rec.carried.items()}
         rec.frees = {rename.get(t, t): f for t, f in rec.frees.items()}
         rec.acc_tid = [rename.get(t, t) for t in rec.acc_tid]
+        return rename
 
-    def _close(self, rec: _Iteration) -> None:
+    def _close(self, rec: _Iteration) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """The tables of the iteration ``rec`` recorded."""
         it = self.iteration
-        self._align_carried(rec)
+        rename = self._align_carried(rec)
+        if it == 1:
+            self.first_carried = {new: old for old, new in rename.items()}
         n = len(rec.op_names)
         if self.cuda_timing and rec.events:
             torch.cuda.synchronize()
@@ -230,16 +252,18 @@ class Tracer(OpStream):
             "rank": 0, "iteration": it, "op_index": rec.acc_op, "tensor_id": rec.acc_tid,
             "access": np.array(["read", "write"])[np.asarray(rec.acc_kind, np.int64)],
         }).drop_duplicates(ignore_index=True)
-        tensors = self._tensor_rows(rec, rec.phases)
+        return kernels, self._tensor_rows(rec, rec.phases), accesses
+
+    def _check_consistent(self, tables: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]) -> None:
         if self.done:
             k0, t0, _ = self.done[0]
+            kernels, tensors, _ = tables
             same = (
                 k0["op_name"].tolist() == kernels["op_name"].tolist()
                 and t0[["tensor_id", "size_bytes", "alloc_op", "free_op"]].equals(
                     tensors[["tensor_id", "size_bytes", "alloc_op", "free_op"]])
             )
             self.consistent = self.consistent and same
-        self.done.append((kernels, tensors, accesses))
 
     def _kind(self, tid: int, alloc_phase: str | None, free_phase: str | None) -> str:
         if tid in self.persistent:
@@ -304,4 +328,13 @@ class Tracer(OpStream):
             "signature": signature_of(k0["op_name"].tolist(), sizes),
             **meta,
         }
-        return Profile(meta=full, kernels=kernels, tensors=tensors, accesses=accesses)
+        first = None
+        if self.first is not None:
+            k, t, a = self.first
+            first = Profile(meta={
+                **full, "iterations": [0], "iterations_identical": True,
+                "signature": signature_of(k["op_name"].tolist(),
+                                          dict(zip(t["tensor_id"], t["size_bytes"], strict=True))),
+                "carried_into_next": {str(new): old for new, old in sorted(self.first_carried.items())},
+            }, kernels=k, tensors=t, accesses=a)
+        return Profile(meta=full, kernels=kernels, tensors=tensors, accesses=accesses, first=first)

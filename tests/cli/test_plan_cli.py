@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from planner import load_plan
+from planner import load_plan, problem_from_profile
+from planner.problem import first_problem, resident_need_bytes
 from profiles import write_profile
 from profiles.synthetic import synthetic_profile
 from teraio.units import parse_bandwidth, parse_size
@@ -66,6 +68,27 @@ def test_capacity_error_names_the_op_and_bytes(synth: Path) -> None:
     assert r.returncode == 2
     line = r.stderr.strip().splitlines()[-1]
     assert "op " in line and "bytes" in line and "capacity 1,048,576 bytes" in line
+
+
+def test_the_first_iteration_is_planned_and_held_to_the_least_it_fits_in(tmp_path: Path) -> None:
+    """A profile with iteration 0 gets a plan for it; where iteration 0 needs more than the
+    budget, it is planned for what it needs, with a warning."""
+    steady, first = synthetic_profile(4, 6, 3, seed=2), synthetic_profile(4, 6, 3, seed=2, activation_bytes=96 << 20)
+    whole = dataclasses.replace(steady, first=first)
+    write_profile(whole, tmp_path / "p")
+    need = int(resident_need_bytes(problem_from_profile(steady)).max())
+    first_need = int(resident_need_bytes(first_problem(whole)).max())  # type: ignore[arg-type]
+    assert first_need > need
+    r = run_teraio("plan", tmp_path / "p", "--gpu-mem", str(need), "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    assert "iteration 0 (the script's set-up, and the optimizer making its state) needs" in r.stderr
+    assert "iteration 0 " in r.stdout
+    plan = load_plan(tmp_path / "plan.json")
+    assert plan.first is not None and plan.first.parameters["gpu_mem_bytes"] == first_need
+    assert plan.first.summary["fits"] and plan.first.migrations[0]
+    r = run_teraio("plan", tmp_path / "p", "--gpu-mem", str(first_need), "--out", tmp_path / "plan2.json")
+    assert r.returncode == 0 and "needs" not in r.stderr
+    assert load_plan(tmp_path / "plan2.json").first.parameters["gpu_mem_bytes"] == first_need
 
 
 def test_plan_without_a_profile_says_how_to_make_one(tmp_path: Path) -> None:

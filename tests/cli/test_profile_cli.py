@@ -25,8 +25,9 @@ def test_profile_writes_four_files_and_passes_script_args(tmp_path: Path) -> Non
     r = run_teraio("profile", EXAMPLE, "--out", out, "--iters", "2", "--", *SMALL_GPT,
                    "--steps", "4")
     assert r.returncode == 0, r.stderr
-    assert sorted(f.name for f in out.iterdir()) == [
-        "accesses.parquet", "kernels.parquet", "meta.json", "tensors.parquet"]
+    tables = ["accesses.parquet", "kernels.parquet", "meta.json", "tensors.parquet"]
+    assert sorted(f.name for f in out.iterdir()) == sorted([*tables, "first_iteration"])
+    assert sorted(f.name for f in (out / "first_iteration").iterdir()) == tables
     assert r.stdout.count("step ") == 2  # stopped inside the 3rd step (warm-up + 2), before its print
     assert r.stderr.count("(recorded)") == 2 and "(warm-up)" in r.stderr
     meta = json.loads((out / "meta.json").read_text())

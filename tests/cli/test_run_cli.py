@@ -67,9 +67,19 @@ def test_run_under_a_plan_is_bit_identical_and_within_budget(
     report = json.loads((tmp_path / "run.json").read_text())
     assert sum(report["bytes_written"].values()) > 0 and sum(report["bytes_read"].values()) > 0
     assert report["diverged_at"] is None
-    # every followed iteration (1 on) stays within 5% of the budget
-    assert report["peak_tracked_bytes"] <= budget * 1.05, (budget, report["iteration_peak_bytes"])
+    assert_within_budget(report, budget)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("teraio-swap")] == []
+
+
+def assert_within_budget(report: dict, budget: int) -> None:
+    """Every iteration within 5% of its budget: iterations 1 on the plan's, iteration 0 its
+    own plan's (the same, or the least iteration 0 fits in when that is more)."""
+    peaks = report["iteration_peak_bytes"]
+    first_budget = report["first_iteration_budget_bytes"]
+    assert report["first_iteration_left_plan_at"] is None
+    assert first_budget is not None and first_budget >= budget
+    assert report["peak_tracked_bytes"] <= budget * 1.05, (budget, peaks)
+    assert peaks[0] <= first_budget * 1.05, (first_budget, peaks)
 
 
 def profile_plan_run(tmp_path: Path, args: list[str], share: str, ssd_bw: str, backend: str,
@@ -95,16 +105,18 @@ def test_a_multi_tensor_optimizer_stays_within_budget(tmp_path: Path, share: str
     the step while the next step's prefetches start: they must wait for room, not go over."""
     budget, report = profile_plan_run(tmp_path, [*SMALL_GPT, "--foreach", "--steps", "5"], share, "2", "posix")
     assert report["diverged_at"] is None
-    assert report["peak_tracked_bytes"] <= budget * 1.05, (budget, report["iteration_peak_bytes"])
+    assert_within_budget(report, budget)
 
 
-def test_the_first_iterations_follow_the_plan(tmp_path: Path) -> None:
-    """Iteration 0 follows the plan from where its ops are the plan's (after the script's
-    set-up) until its optimizer makes its state; tensors it leaves alive at its end that
-    the plan has out across the boundary (the last logits) are sent out before iteration 1."""
+def test_the_first_iteration_follows_its_own_plan(tmp_path: Path) -> None:
+    """Iteration 0 (the script's set-up, the optimizer making its state) follows a plan of
+    its own, within the same budget (unplanned it needed 1.08x the budget, and 1.55x at
+    the smallest); what it hands to iteration 1 that the plan has out across the boundary
+    (the last logits) goes out before iteration 1."""
     args = ["--layers", "1", "--hidden", "512", "--heads", "8", "--seq", "256", "--batch", "8",
             "--vocab", "512", "--foreach", "--steps", "3"]
     budget, report = profile_plan_run(tmp_path, args, "50%", "20", "host", "--host-mem", "256M")
     peaks = report["iteration_peak_bytes"]
+    assert report["first_iteration_budget_bytes"] == budget
+    assert_within_budget(report, budget)
     assert peaks[1] <= budget, (budget, peaks)
-    assert peaks[0] < 0.7 * 2 * budget, (budget, peaks)  # not followed: 0.80 of the profiled peak

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -36,6 +37,30 @@ def test_round_trip(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
     assert set(m) >= {"tensor_id", "size_bytes", "action", "trigger_op", "deadline_op", "start_us",
                       "end_us", "urgent", "wraps"}
     assert ("target" in m) == (m["action"] == "offload") and ("source" in m) == (m["action"] == "prefetch")
+
+
+def test_the_first_iterations_plan_round_trips(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
+    plan, _ = plan_doc
+    prof = synthetic_profile(3, 6, 3, seed=4)
+    problem = problem_from_profile(prof)
+    hw = Hardware(gpu_mem_bytes=int(problem.memory_bytes.max() * 0.7), ssd_read_bw_bytes_per_s=32e9,
+                  ssd_write_bw_bytes_per_s=32e9)
+    first = build_plan({0: plan_rank(problem, hw)}, hw, "first", carried_into_next={0: {12: 34}})
+    whole = dataclasses.replace(plan, first=first)
+    path = save_plan(whole, tmp_path / "plan.json")
+    back = load_plan(path)
+    assert back == whole and back.first is not None and back.first.carried_into_next == {0: {12: 34}}
+    doc = json.loads(path.read_text())
+    assert doc["first_iteration"]["parameters"]["gpu_mem_bytes"] == hw.gpu_mem_bytes
+    assert "first_iteration" not in doc["first_iteration"]
+    pytest.importorskip("torch")
+    from runtime.api import load_run_plan
+
+    run_plan = load_run_plan(path)
+    assert run_plan.first is not None and run_plan.first.budget_bytes == hw.gpu_mem_bytes
+    assert run_plan.first.carried == {12: 34}
+    assert len(run_plan.first.moves) == len(first.migrations[0]) > 0
+    assert run_plan.first.op_names == list(problem.op_names)
 
 
 def test_migrations_sorted_by_trigger_with_ops_folded_into_the_iteration(plan_doc: tuple[Plan, int]) -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from profiles import inactive_periods
+from profiles import Profile, inactive_periods
 from runtime.api import RunPlan, first_iteration_warning, offload
 from runtime.errors import PlanMismatchError, StorageIOError
-from runtime.executor import Move
+from runtime.executor import FirstPlan, Move
 from torch_patch import ProfileComplete, Tracer
 
 
@@ -42,21 +42,35 @@ def train(steps: int, hook=None) -> tuple[list[float], list[torch.Tensor]]:  # t
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
+def hand_moves(prof: Profile, min_bytes: int, trailing: bool = False) -> list[Move]:
+    """Every idle stretch inside the iteration, with the tightest deadlines; with
+    ``trailing``, also every one from a last use to the iteration's end (offload only)."""
+    periods = inactive_periods(prof)
+    n = len(prof.kernels_of())
+    to_end = ~periods["reads_back"] & (periods["end_op"] == n)
+    periods = periods[(~periods["wraps"] | (to_end if trailing else False))
+                      & (periods["num_ops"] >= 3) & (periods["size_bytes"] >= min_bytes)]
+    moves = []
+    for r in periods.itertuples():
+        tid, size = int(r.tensor_id), int(r.size_bytes)
+        moves.append(Move(tid, "offload", "ssd", int(r.start_op) + 1, int(r.start_op) + 2, size))
+        if r.reads_back:
+            moves.append(Move(tid, "prefetch", "ssd", int(r.end_op) - 1, int(r.end_op), size))
+    return moves
+
+
 def hand_plan(min_bytes: int = 4096) -> RunPlan:
+    """The steady iteration's stretches, and iteration 0's with what it leaves alive left out."""
     tracer = Tracer(warmup=1, iters=1)
     with pytest.raises(ProfileComplete), tracer:
         train(5)
     prof = tracer.profile({})
-    periods = inactive_periods(prof)
-    periods = periods[~periods["wraps"] & (periods["num_ops"] >= 3)
-                      & (periods["size_bytes"] >= min_bytes)]
-    moves = []
-    for r in periods.itertuples():
-        tid, n = int(r.tensor_id), int(r.size_bytes)
-        moves.append(Move(tid, "offload", "ssd", int(r.start_op) + 1, int(r.start_op) + 2, n))
-        moves.append(Move(tid, "prefetch", "ssd", int(r.end_op) - 1, int(r.end_op), n))
-    assert len(moves) > 20
-    return RunPlan("hand", moves, prof.kernels_of()["op_name"].tolist(), None, {})
+    moves = hand_moves(prof, min_bytes)
+    assert len(moves) > 20 and prof.first is not None
+    first = FirstPlan(hand_moves(prof.first, min_bytes, trailing=True),
+                      prof.first.kernels_of()["op_name"].tolist(), None, {})
+    assert sum(m.action == "offload" for m in first.moves) > sum(m.action == "prefetch" for m in first.moves)
+    return RunPlan("hand", moves, prof.kernels_of()["op_name"].tolist(), None, {}, first=first)
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +85,9 @@ def test_bit_identical_with_offloading(plan: RunPlan, backend: str, tmp_path: Pa
         losses, params = train(6)
     assert losses == expected_losses
     assert all(torch.equal(a, b) for a, b in zip(params, expected_params, strict=True))
-    assert sum(ex.stats.bytes_written.values()) > 0
-    assert ex.stats.bytes_read == ex.stats.bytes_written
+    assert ex.stats.bytes_read["ssd"] > 0
+    # iteration 0 leaves out what it leaves alive; what the steady plan has in comes back
+    assert ex.stats.bytes_read["ssd"] <= ex.stats.bytes_written["ssd"]
     assert not ex.divergence_reported and ex.matched_iterations >= 4
     assert not list(tmp_path.iterdir())  # swap directory removed
 
@@ -82,10 +97,46 @@ def test_offloading_lowers_tracked_peak(plan: RunPlan) -> None:
         train(4)
     with offload(plan) as ex:
         train(4)
-    # every followed iteration (iteration 0 is not), not just the last one
-    followed = ex.stats.iteration_peak_bytes[1:]
-    assert len(followed) == 3
-    assert max(followed) < min(plain.stats.iteration_peak_bytes[1:])
+    # every iteration, iteration 0 under its own plan, not just the last one
+    peaks, plain_peaks = ex.stats.iteration_peak_bytes, plain.stats.iteration_peak_bytes
+    assert len(peaks) == 4 and ex.first_left_at is None
+    assert max(peaks[1:]) < min(plain_peaks[1:])
+    assert peaks[0] < plain_peaks[0]
+
+
+def test_what_the_first_iteration_left_out_comes_back(plan: RunPlan) -> None:
+    """Iteration 0's plan leaves out what it leaves alive (parameters, optimizer state); the
+    steady plan has them in at the boundary, so they come back there, and all is exact."""
+    expected_losses, expected_params = train(4)
+    left_out: list[int] = []
+
+    def at_step(step: int) -> None:
+        if step == 0:  # iteration 0's forward: parameters made in it are out already
+            left_out.append(sum(e.state.value in ("ssd", "offloading") for e in ex.moved.values()))
+
+    with offload(plan) as ex:
+        losses, params = train(4, hook=at_step)
+    assert losses == expected_losses
+    assert all(torch.equal(a, b) for a, b in zip(params, expected_params, strict=True))
+    assert ex.first_left_at is None and ex.matched_iterations >= 3
+    assert left_out[0] > 0 and not ex.moved
+
+
+def test_a_first_iteration_that_differs_goes_on_on_demand(plan: RunPlan) -> None:
+    """An op iteration 0's plan did not see (as under ``offload()`` entered mid-script):
+    iteration 0 stops following its plan with one warning, the steady plan is followed."""
+    def extra_op(step: int) -> None:
+        if step == 0:
+            torch.ones(3).add_(1)
+
+    expected_losses, expected_params = train(5, hook=extra_op)
+    with pytest.warns(RuntimeWarning, match="iteration 0 left its plan at iteration 0, op"):
+        with offload(plan) as ex:
+            losses, params = train(5, hook=extra_op)
+    assert losses == expected_losses
+    assert all(torch.equal(a, b) for a, b in zip(params, expected_params, strict=True))
+    assert ex.first_left_at is not None and not ex.divergence_reported
+    assert ex.matched_iterations == 4
 
 
 def test_deleted_swap_file_is_a_named_error(plan: RunPlan, tmp_path: Path) -> None:
@@ -125,7 +176,8 @@ def test_plan_for_another_model_is_refused(plan: RunPlan) -> None:
             opt.step()
 
     with pytest.raises(PlanMismatchError, match="made for another profile"), offload(plan):
-        other()
+        with pytest.warns(RuntimeWarning, match="iteration 0 left its plan"):
+            other()
 
 
 def test_divergence_mid_run_falls_back_and_stays_exact(plan: RunPlan) -> None:
@@ -142,8 +194,13 @@ def test_divergence_mid_run_falls_back_and_stays_exact(plan: RunPlan) -> None:
     assert ex.divergence_reported and not ex.moved
 
 
-def test_first_iteration_warning_when_the_profiled_peak_exceeds_the_device() -> None:
-    run_plan = RunPlan("s", [], None, None, {"peak_before_bytes": 3 << 30})
-    assert first_iteration_warning(run_plan, 4 << 30) is None
-    why = first_iteration_warning(run_plan, 2 << 30)
-    assert why is not None and "3.00 GiB" in why and "2.00 GiB" in why
+def test_first_iteration_warning_when_iteration_0_may_not_fit_the_device() -> None:
+    unplanned = RunPlan("s", [], None, None, {"peak_before_bytes": 3 << 30})
+    assert first_iteration_warning(unplanned, 4 << 30) is None
+    why = first_iteration_warning(unplanned, 2 << 30)
+    assert why is not None and "no plan for iteration 0" in why and "3.00 GiB" in why and "2.00 GiB" in why
+    planned = RunPlan("s", [], None, None, {"peak_before_bytes": 3 << 30},
+                      first=FirstPlan([], [], 5 << 29, {}))
+    assert first_iteration_warning(planned, 3 << 30) is None
+    why = first_iteration_warning(planned, 2 << 30)
+    assert why is not None and "planned for 2.50 GiB" in why

@@ -8,9 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
+from planner.problem import first_problem
 from profiles import memory_curve, read_profile
 from tests.conftest import ROOT, run_teraio
 from torch_patch import ProfileComplete, Tracer, mark_iteration
+from torch_patch.identity import CARRIED_FLAG
 
 HERE = Path(__file__).parent
 
@@ -43,6 +45,32 @@ def test_example_iterations_are_identical(gpt_profile: Path) -> None:
     assert state.str.endswith((".exp_avg", ".exp_avg_sq", ".step")).all()
     assert set(p.kernels["phase"]) >= {"forward", "backward", "optimizer"}
     assert p.kernels["module"].dropna().str.startswith("blocks.").any()
+
+
+def test_the_first_iteration_is_recorded_apart(gpt_profile: Path) -> None:
+    """Iteration 0 from the script's first op: the model is made in it, nothing wraps, and
+    the transient storages it hands on are mapped to their steady ids."""
+    p = read_profile(gpt_profile)
+    first = p.first
+    assert first is not None and first.iterations == [0]
+    assert len(first.kernels) > len(p.kernels_of())  # the set-up, the optimizer's state
+    assert first.signature != p.signature
+    params = first.tensors[first.tensors.kind == "param"]
+    assert len(params) == len(params_of(p)) and (params["alloc_op"] >= 0).all()
+    assert (params["free_op"] == -1).all() and not params["persistent"].any()
+    state = first.tensors[first.tensors.kind == "optimizer_state"]
+    assert len(state) == len(p.tensors[p.tensors.kind == "optimizer_state"])
+    assert (state["alloc_op"] > params["alloc_op"].max()).all()  # made by the first step
+    problem = first_problem(p)
+    assert problem is not None and not (problem.reads_back & (problem.end_op >= problem.num_ops)).any()
+    assert (~problem.reads_back & (problem.end_op == problem.num_ops)).sum() >= len(params)
+    carried = {int(k): v for k, v in first.meta["carried_into_next"].items()}
+    assert carried, "the example hands its last batch and loss to the next iteration"
+    steady = p.tensors.set_index("tensor_id")
+    for steady_id, now in carried.items():
+        assert now & CARRIED_FLAG
+        made = first.tensors.set_index("tensor_id").loc[now & ~CARRIED_FLAG]
+        assert made["free_op"] == -1 and made["size_bytes"] == steady.loc[steady_id, "size_bytes"]
 
 
 def test_parameter_bytes_match_the_model(gpt_profile: Path) -> None:
