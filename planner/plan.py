@@ -42,7 +42,9 @@ for one pass (nothing wraps; what it leaves alive may go out for good), whose
 own, or more when iteration 0 cannot fit it. Its ``carried_into_next`` maps,
 per rank, the steady id of each transient storage iteration 0 hands to
 iteration 1 to that storage's id in iteration 1 (keys and values decimal), so
-that the steady plan can move it at the boundary.
+that the steady plan can move it at the boundary. Both keys are optional:
+a reader that does not know them reads the steady plan as before (DESIGN.md
+section 5 does not list them yet).
 
 NOTE [ Offloads without a prefetch ]: an offload with no prefetch of the same
 ``tensor_id`` and ``period_start_op`` moves a *trailing* period (NOTE [

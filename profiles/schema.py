@@ -2,6 +2,10 @@
 
 Times are microseconds and sizes bytes everywhere. The format string is stored
 in each schema's metadata and in ``meta.json``; readers refuse anything else.
+A profile may also hold iteration 0 in a ``first_iteration/`` subdirectory of
+the same format, an optional part that readers which do not know it ignore
+(NOTE [ The first iteration ] in ``profiles.model``; DESIGN.md section 3 does
+not list it yet).
 """
 
 from __future__ import annotations

@@ -218,7 +218,7 @@ def run_report(executor: PlanExecutor, plan: RunPlan, wall_s: float) -> dict[str
         "peak_tracked_bytes": max(followed),
         "first_iteration_peak_bytes": peaks[0] if peaks else None,
         # the budget iteration 0 was planned for (None: no plan for it), and where it left that plan
-        "first_iteration_budget_bytes": plan.first.budget_bytes if plan.first is not None else None,
+        "first_iteration_budget_bytes": executor.first.budget_bytes if executor.first is not None else None,
         "first_iteration_left_plan_at": executor.first_left_at,
         "iteration_peak_bytes": peaks,
         "peak_rss_bytes": max(followed_rss),

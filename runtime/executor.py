@@ -167,7 +167,6 @@ class PlanExecutor(OpStream):
         self.schedule = self.steady if self.first is None else _Schedule.of(
             self.first.moves, self.first.op_names, self.first.budget_bytes)
         self.first_left_at: str | None = None  # where iteration 0 stopped following its plan
-        self._carried_from_first = {} if first is None else first.carried
         self.carried_out = [m for m in moves if m.out_at_boundary]
         self.backends = backends
         self.engine = engine
@@ -527,9 +526,11 @@ class PlanExecutor(OpStream):
         """At the boundary after iteration 0: steady plan id -> id now of the plan's transient
         storages that iteration 0 made and left alive (NOTE [ Plan ids ]). Iteration 0's own
         ids mean nothing to the steady plan: a gradient is found by its name, another
-        storage by the map iteration 0's plan carries (``FirstPlan.carried``)."""
+        storage by the map iteration 0's plan carries (``FirstPlan.carried``), whose ids
+        are those of the profiled iteration 0, so only if this one followed it to the end."""
         by_name = {name: tid for tid, (name, _) in self.persistent.items()}
-        ids = dict(self._carried_from_first)
+        followed = self.first is not None and self.first_left_at is None
+        ids = dict(self.first.carried) if followed and self.first is not None else {}
         for m in self.moves:
             if m.tensor_id >= PRODUCED_BASE and m.name in by_name:
                 ids[m.tensor_id] = by_name[m.name]
@@ -538,12 +539,16 @@ class PlanExecutor(OpStream):
     def _carried_out_now(self) -> list[Move]:
         """The plan's offloads out across the boundary, with the ids their storages have
         now (persistent ids are stable; transient ones as NOTE [ Plan ids ] says). One whose
-        storage is not found is out once it dies."""
+        storage is not found, or not of the planned size, is left where it is (it is out
+        once it dies)."""
         out = []
         for m in self.carried_out:
             tid = m.tensor_id if m.tensor_id < PRODUCED_BASE else self._renamed_at_boundary.get(m.tensor_id, -1)
-            if tid >= 0:
-                out.append(replace(m, tensor_id=tid, urgent=True))
+            storage = self.ids.storage(tid) if tid >= 0 else None
+            if storage is None or (tid not in self.moved and storage.nbytes() != m.size_bytes):
+                self._renamed_at_boundary.pop(m.tensor_id, None)
+                continue
+            out.append(replace(m, tensor_id=tid, urgent=True))
         return out
 
     def end_iteration(self) -> None:

@@ -22,7 +22,7 @@ def _mib(n: float | None) -> str:
 def _summary(r: dict[str, Any]) -> str:
     pred = r["predicted"] or {}
     lines = [
-        f"peak tracked memory {_mib(r['peak_tracked_bytes'])} (predicted "
+        f"peak tracked memory {_mib(r['peak_tracked_bytes'])} from iteration 1 (predicted "
         f"{_mib(pred.get('peak_after_bytes'))}), peak RSS {_mib(r['peak_rss_bytes'])}",
         f"iteration time {r['measured_iteration_s'] * 1e3:,.1f} ms (median; predicted "
         f"{pred.get('predicted_iteration_us', float('nan')) / 1e3:,.1f} ms)"
@@ -31,6 +31,13 @@ def _summary(r: dict[str, Any]) -> str:
         f"{r['on_demand_fetches']}, written {_mib(sum(r['bytes_written'].values()))}, read "
         f"{_mib(sum(r['bytes_read'].values()))}",
     ]
+    if r["first_iteration_peak_bytes"] is not None:
+        budget = r["first_iteration_budget_bytes"]
+        lines.insert(1, f"iteration 0 (set-up, optimizer state made): peak tracked memory "
+                        f"{_mib(r['first_iteration_peak_bytes'])} ("
+                        + (f"budget {_mib(budget)}" if budget is not None else "no plan for it")
+                        + (f", left its plan at {r['first_iteration_left_plan_at']}"
+                           if r["first_iteration_left_plan_at"] else "") + ")")
     return "\n".join("teraio: " + line for line in lines)
 
 

@@ -104,11 +104,31 @@ class FakeTracer(Tracer):
             **meta,
         })
 
+    # NOTE [ Fake parameters ]: ``nn.Parameter(data)`` makes a plain tensor a parameter
+    # without an op, but a tensor subclass (a fake tensor) through ``data.detach()``, an
+    # op a real run never sees. Counted, it would shift every later op of iteration 0
+    # (which makes the model) and the plan made for it would not match a real run; the
+    # detach makes no storage, so it passes uncounted.
+    def _parameter_new(self) -> Any:
+        orig, stream = torch.nn.Parameter.__new__, self
+
+        def new(cls: Any, data: Any = None, requires_grad: bool = True) -> Any:
+            stream.uncounted += 1
+            try:
+                return orig(cls, data, requires_grad)
+            finally:
+                stream.uncounted -= 1
+
+        return orig, new
+
     def __enter__(self):  # type: ignore[no-untyped-def]
         self.fake_mode.__enter__()
+        self._orig_parameter_new, new = self._parameter_new()
+        torch.nn.Parameter.__new__ = new  # type: ignore[method-assign,assignment]
         try:
             return super().__enter__()
         except BaseException:
+            torch.nn.Parameter.__new__ = self._orig_parameter_new  # type: ignore[method-assign]
             self.fake_mode.__exit__(None, None, None)
             raise
 
@@ -116,4 +136,5 @@ class FakeTracer(Tracer):
         try:
             super().__exit__(*exc)
         finally:
+            torch.nn.Parameter.__new__ = self._orig_parameter_new  # type: ignore[method-assign]
             self.fake_mode.__exit__(*exc)

@@ -90,6 +90,7 @@ class OpStream(TorchDispatchMode):
         self._stepped: set[int] = set()
         self._in_optimizer = 0
         self._explicit = False
+        self.uncounted = 0  # above 0: ops pass through uncounted (see torch_patch.fake)
         self._handles: list[Any] = []
         self._orig_opt_init: Any = None
 
@@ -122,7 +123,7 @@ class OpStream(TorchDispatchMode):
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = _op_info(func)
-        if info.skip:
+        if info.skip or self.uncounted:
             return func(*args, **kwargs)
         index = self.op_index
         self.op_index = index + 1

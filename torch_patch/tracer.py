@@ -165,7 +165,9 @@ class Tracer(OpStream):
 
     # ---- iterations -------------------------------------------------------------
     def begin_iteration(self) -> None:
-        if self.iteration >= self.warmup:
+        # Iteration 1 is traced even as a warm-up one: the storages iteration 0 hands to it
+        # are mapped to their steady ids there (``first_carried``).
+        if self.iteration >= self.warmup or self.iteration == 1:
             live = {tid: self.sizes.get(tid, s.nbytes()) for tid, s in self.ids.live().items()}
             for tid in live:
                 self.sizes.setdefault(tid, live[tid])
@@ -185,12 +187,12 @@ class Tracer(OpStream):
 
     def end_iteration(self) -> None:
         rec = self._rec
-        recorded = rec is not None and self.iteration > 0
+        recorded = self.iteration >= self.warmup
         if rec is not None:
             tables = self._close(rec)
             if self.iteration == 0:
                 self.first = tables
-            else:
+            elif recorded:
                 self._check_consistent(tables)
                 self.done.append(tables)
             self._rec = None

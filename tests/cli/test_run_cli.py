@@ -96,6 +96,7 @@ def profile_plan_run(tmp_path: Path, args: list[str], share: str, ssd_bw: str, b
     r = run_teraio("run", "--plan", tmp_path / "plan.json", "--backend", backend, "--swap-dir", tmp_path,
                    *run_opts, "--report", tmp_path / "run.json", EXAMPLE, "--", *args)
     assert r.returncode == 0, r.stderr
+    assert "teraio: iteration 0 (set-up, optimizer state made): peak tracked memory" in r.stderr
     return budget, json.loads((tmp_path / "run.json").read_text())
 
 

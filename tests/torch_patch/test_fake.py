@@ -17,6 +17,7 @@ from torch_patch.fake import FakeTracer
 from torch_patch.models import CONFIGS, DecoderConfig, EncoderDecoderConfig, build_model, num_parameters
 
 H100 = get_device("h100")
+PARAMETER_NEW = torch.nn.Parameter.__new__
 TINY_DECODER = DecoderConfig(vocab_size=96, hidden=32, num_layers=2, num_heads=4, num_kv_heads=2,
                              ffn_hidden=48)
 TINY_T5 = EncoderDecoderConfig(vocab_size=64, d_model=16, d_ff=32, d_kv=8, num_heads=2,
@@ -48,6 +49,12 @@ def test_fake_and_real_profiles_of_one_model_agree(capsys: pytest.CaptureFixture
     pd.testing.assert_frame_equal(real.accesses, fake.accesses)
     assert fake.signature == real.signature
     assert fake.meta["iterations_identical"]
+    # iteration 0, which makes the model: the same ops, so that a plan made from a fake
+    # profile can be followed by a real run from its first op (NOTE [ Fake parameters ])
+    assert real.first is not None and fake.first is not None
+    assert real.first.kernels["op_name"].tolist() == fake.first.kernels["op_name"].tolist()
+    assert real.first.meta["carried_into_next"] == fake.first.meta["carried_into_next"]
+    assert torch.nn.Parameter.__new__ is PARAMETER_NEW  # put back on exit
     # .item() in the script's log line gives the placeholder, and the script went on
     assert "loss 1.0" in capsys.readouterr().out
 

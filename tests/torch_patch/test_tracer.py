@@ -73,6 +73,25 @@ def test_the_first_iteration_is_recorded_apart(gpt_profile: Path) -> None:
         assert made["free_op"] == -1 and made["size_bytes"] == steady.loc[steady_id, "size_bytes"]
 
 
+def test_the_carried_map_does_not_depend_on_warmup() -> None:
+    """Iteration 1 maps what iteration 0 hands on to its steady ids, recorded or not."""
+    maps = []
+    for warmup in (1, 2):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        tracer = Tracer(warmup=warmup, iters=1)
+        with pytest.raises(ProfileComplete), tracer:
+            for _ in range(5):
+                loss = model(torch.randn(4, 8)).square().sum()  # alive across the boundary
+                loss.backward()
+                opt.step()
+        first = tracer.profile({}).first
+        assert first is not None
+        maps.append(first.meta["carried_into_next"])
+    assert maps[0] and maps[0] == maps[1]
+
+
 def test_parameter_bytes_match_the_model(gpt_profile: Path) -> None:
     p = read_profile(gpt_profile)
     # --layers 2 --hidden 64 --vocab 128 --seq 32, float32
