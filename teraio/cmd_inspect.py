@@ -62,7 +62,13 @@ def summarize(profile: Any, rank: int = 0) -> dict[str, Any]:
     ]
     mid = periods[(periods["size_bytes"] >= 10 * 10**6) & (periods["size_bytes"] < 10**9)]
     capacity = profile.meta.get("device_memory_bytes")
+    first = None  # iteration 0 (NOTE [ The first iteration ] in profiles.model)
+    if profile.first is not None and rank in profile.first.ranks:
+        first_mem = memory_curve(profile.first, rank)
+        first = {"num_ops": len(first_mem), "peak_bytes": int(first_mem.max()) if len(first_mem) else 0,
+                 "iteration_time_us": iteration_time_us(profile.first, rank)}
     return {
+        "first_iteration": first,
         "profile": str(profile.path),
         "mode": profile.meta.get("mode"),
         "device": profile.meta.get("device_name"),
@@ -162,6 +168,10 @@ def _print(s: dict[str, Any]) -> None:
     print(f"peak memory    {_mib(s['peak_bytes'])} at op {s['peak_op']} ({s['peak_op_name']})")
     for kind, b in sorted(s["peak_by_kind"].items(), key=lambda kv: -kv[1]):
         print(f"  {kind:<16}{_mib(b):>16}")
+    if s["first_iteration"] is not None:
+        f = s["first_iteration"]
+        print(f"iteration 0    {f['num_ops']:,} ops (set-up, optimizer state made), peak memory "
+              f"{_mib(f['peak_bytes'])}, {f['iteration_time_us'] / 1e3:,.2f} ms")
     print(f"active bytes   mean {s['active_fraction_mean']:.1%} of live, "
           f"max {s['active_fraction_max']:.1%} (largest op needs {_mib(s['active_bytes_max'])})")
     print(f"inactive periods by tensor size ({s['num_inactive_periods']:,} in all):")

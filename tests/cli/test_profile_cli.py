@@ -98,10 +98,12 @@ def test_inspect_summary_and_json(gpt_profile: Path) -> None:
     r = run_teraio("inspect", gpt_profile)
     assert r.returncode == 0, r.stderr
     for words in ("peak memory", "activation", "optimizer_state", "active bytes",
-                  "inactive periods by tensor size", "largest tensors"):
+                  "inactive periods by tensor size", "largest tensors", "iteration 0 "):
         assert words in r.stdout
     j = run_teraio("inspect", gpt_profile, "--json")
     s = json.loads(j.stdout)
+    first = s["first_iteration"]
+    assert first["num_ops"] > s["num_ops"] and 0 < first["peak_bytes"] < s["peak_bytes"]
     assert 0 < s["active_fraction_mean"] <= s["active_fraction_max"] <= 1
     assert len(s["largest_tensors"]) == 10
     assert set(s["peak_by_kind"]) >= {"param", "activation"}
