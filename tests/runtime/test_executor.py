@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,20 @@ def train(steps: int, hook=None) -> tuple[list[float], list[torch.Tensor]]:  # t
         opt.step()
         losses.append(loss.item())
     return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def same(a: tuple[list[float], list[torch.Tensor]], b: tuple[list[float], list[torch.Tensor]]) -> bool:
+    """Two ``train`` results bit for bit: losses and final parameters."""
+    return a[0] == b[0] and all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
+
+
+def extra_op_at(at: int) -> Callable[[int], None]:
+    """A ``train`` hook that runs, at step ``at``, an op the profile never saw."""
+    def hook(step: int) -> None:
+        if step == at:
+            torch.ones(3).add_(1)
+
+    return hook
 
 
 def hand_moves(prof: Profile, min_bytes: int, trailing: bool = False) -> list[Move]:
@@ -139,16 +154,10 @@ def test_what_the_first_iteration_left_out_comes_back(plan: RunPlan) -> None:
 def test_a_first_iteration_that_differs_goes_on_on_demand(plan: RunPlan) -> None:
     """An op iteration 0's plan did not see (as under ``offload()`` entered mid-script):
     iteration 0 stops following its plan with one warning, the steady plan is followed."""
-    def extra_op(step: int) -> None:
-        if step == 0:
-            torch.ones(3).add_(1)
-
-    expected_losses, expected_params = train(5, hook=extra_op)
+    expected = train(5, hook=extra_op_at(0))
     with pytest.warns(RuntimeWarning, match="iteration 0 left its plan at iteration 0, op"):
         with offload(plan) as ex:
-            losses, params = train(5, hook=extra_op)
-    assert losses == expected_losses
-    assert all(torch.equal(a, b) for a, b in zip(params, expected_params, strict=True))
+            assert same(train(5, hook=extra_op_at(0)), expected)
     assert ex.first_left_at is not None and not ex.divergence_reported
     assert ex.matched_iterations == 4
 
@@ -195,16 +204,10 @@ def test_plan_for_another_model_is_refused(plan: RunPlan) -> None:
 
 
 def test_divergence_mid_run_falls_back_and_stays_exact(plan: RunPlan) -> None:
-    def extra_op(step: int) -> None:
-        if step == 4:
-            torch.ones(3).add_(1)  # an op the profile never saw
-
-    expected_losses, expected_params = train(7, hook=extra_op)
+    expected = train(7, hook=extra_op_at(4))
     with pytest.warns(RuntimeWarning, match="left the plan at iteration 4"):
         with offload(plan) as ex:
-            losses, params = train(7, hook=extra_op)
-    assert losses == expected_losses
-    assert all(torch.equal(a, b) for a, b in zip(params, expected_params, strict=True))
+            assert same(train(7, hook=extra_op_at(4)), expected)
     assert ex.divergence_reported and not ex.moved
 
 
@@ -243,12 +246,8 @@ def test_what_iteration_0_hands_on_is_found_by_the_profiles_map(profiled: Profil
     assert run({x: carried[x]}).get(x) == carried[x]
     assert x not in run({x: carried[loss]})  # 4 bytes, not the batch's 8192
 
-    def extra_op(step: int) -> None:
-        if step == 0:
-            torch.ones(3).add_(1)
-
     with pytest.warns(RuntimeWarning, match="iteration 0 left its plan"):
-        assert x not in run({x: carried[x]}, extra_op)
+        assert x not in run({x: carried[x]}, extra_op_at(0))
 
 
 def test_first_iteration_warning_when_iteration_0_may_not_fit_the_device() -> None:
