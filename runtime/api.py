@@ -228,6 +228,7 @@ def run_report(executor: PlanExecutor, plan: RunPlan, wall_s: float) -> dict[str
         "iteration_peak_cuda_allocated_bytes": cuda,
         "stalls": s.stalls,
         "stall_s": s.stall_s,
+        "iteration_stall_s": s.iteration_stall_s,
         "on_demand_fetches": s.on_demand_fetches,
         "cancelled_offloads": s.cancelled_offloads,
         "failed_writes": s.failed_writes,

@@ -119,6 +119,7 @@ class RunStats:
     peak_tracked_bytes: int = 0  # since the last iteration boundary
     iteration_s: list[float] = field(default_factory=list)
     iteration_peak_bytes: list[int] = field(default_factory=list)
+    iteration_stall_s: list[float] = field(default_factory=list)  # stall time of each iteration
     iteration_peak_rss_bytes: list[int] = field(default_factory=list)
     iteration_peak_cuda_bytes: list[int] = field(default_factory=list)  # allocated, CUDA only
 
@@ -562,6 +563,7 @@ class PlanExecutor(OpStream):
         now = time.perf_counter()
         self.stats.iteration_s.append(now - self._iter_t0)
         self.stats.iteration_peak_bytes.append(self.stats.peak_tracked_bytes)
+        self.stats.iteration_stall_s.append(self.stats.stall_s - sum(self.stats.iteration_stall_s))
         self._iter_t0 = now
         rss = peak_rss_since_reset()
         if rss is not None:

@@ -127,6 +127,8 @@ def test_offloading_lowers_tracked_peak(plan: RunPlan) -> None:
     # every iteration, iteration 0 under its own plan, not just the last one
     peaks, plain_peaks = ex.stats.iteration_peak_bytes, plain.stats.iteration_peak_bytes
     assert len(peaks) == 4 and ex.first_left_at is None
+    stalls = ex.stats.iteration_stall_s
+    assert len(stalls) == 4 and min(stalls) >= 0 and sum(stalls) <= ex.stats.stall_s + 1e-9
     assert max(peaks[1:]) < min(plain_peaks[1:])
     assert peaks[0] < plain_peaks[0]
 
