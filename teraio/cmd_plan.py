@@ -125,7 +125,7 @@ def plan_first(prof: Any, hw: Any) -> Any:
     hw0 = replace(hw, gpu_mem_bytes=max(hw.gpu_mem_bytes, int(need[k])))
     info(f"planning iteration 0: {problem.num_ops:,} ops, {problem.num_periods:,} inactive periods")
     rank_plan = plan_rank(problem, hw0, progress=lambda line: info(f"planning iteration 0: {line}"))
-    carried = {int(k): int(v) for k, v in prof.first.meta.get("carried_into_next", {}).items()}
+    carried = {int(steady): int(now) for steady, now in prof.first.meta.get("carried_into_next", {}).items()}
     return build_plan({0: rank_plan}, hw0, prof.first.signature, carried_into_next={0: carried})
 
 
