@@ -185,6 +185,7 @@ class PlanExecutor(OpStream):
         self._warned: set[str] = set()
         self._keys = itertools.count()
         self._iter_t0 = time.perf_counter()
+        self._iter_stall_s0 = 0.0  # stats.stall_s when this iteration began
         # transient id -> the id its storage got at the last boundary (NOTE [ Plan ids ])
         self._renamed_at_boundary: dict[int, int] = {}
 
@@ -563,7 +564,8 @@ class PlanExecutor(OpStream):
         now = time.perf_counter()
         self.stats.iteration_s.append(now - self._iter_t0)
         self.stats.iteration_peak_bytes.append(self.stats.peak_tracked_bytes)
-        self.stats.iteration_stall_s.append(self.stats.stall_s - sum(self.stats.iteration_stall_s))
+        self.stats.iteration_stall_s.append(self.stats.stall_s - self._iter_stall_s0)
+        self._iter_stall_s0 = self.stats.stall_s
         self._iter_t0 = now
         rss = peak_rss_since_reset()
         if rss is not None:
