@@ -286,8 +286,11 @@ class PlanExecutor(OpStream):
         In iteration 0, stop following its plan only (NOTE [ Following the first iteration ])."""
         if self.iteration == 0:
             self.first_left_at = where
-            self._warn_once("first", f"iteration 0 left its plan at {where}; it goes on on "
-                            "demand, and may need more memory than the plan's budget")
+            hint = (" (its plan starts at the script's first op, as `teraio profile` and "
+                    "`teraio run` see it; entered later, it cannot be followed)"
+                    if self.op_index <= 1 else "")
+            self._warn_once("first", f"iteration 0 left its plan at {where}{hint}; it goes on "
+                            "on demand, and may need more memory than the plan's budget")
             return
         self.restore_all()
         self.diverged = where

@@ -213,6 +213,24 @@ def test_divergence_mid_run_falls_back_and_stays_exact(plan: RunPlan) -> None:
     assert ex.divergence_reported and not ex.moved
 
 
+def test_offload_entered_after_set_up_says_why_iteration_0_is_not_followed(plan: RunPlan) -> None:
+    """The plan's iteration 0 starts with the script's set-up; entered after it, ``offload()``
+    says so once and follows the steady plan from iteration 1."""
+    expected = train(4)
+    model, opt, gen = mlp_and_data()
+    losses = []
+    with pytest.warns(RuntimeWarning, match="at iteration 0, op 0: .*entered later"):
+        with offload(plan) as ex:
+            for _ in range(4):
+                loss = model(torch.randn(64, 32, generator=gen)).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+    assert same((losses, [p.detach().clone() for p in model.parameters()]), expected)
+    assert ex.first_left_at is not None and ex.matched_iterations == 3 and not ex.divergence_reported
+
+
 def test_what_iteration_0_hands_on_is_found_by_the_profiles_map(profiled: Profile) -> None:
     """The steady plan has the last batch out across the boundary; iteration 0 made it at
     another op. The profile's map finds it, is trusted only if iteration 0 followed its
