@@ -34,6 +34,7 @@ demo: install
 bench: install
 	$(PY) bench/profile_overhead.py
 	$(PY) bench/run_overhead.py
+	$(PY) bench/run_overhead.py -- --layers 2 --hidden 1024 --heads 16 --seq 512 --batch 8
 	$(PY) bench/plan_scale.py
 	$(PY) bench/fake_scale.py
 

@@ -11,6 +11,10 @@ runs the script's set-up and makes the optimizer's state). Medians over all kept
 
     python bench/run_overhead.py [--rounds 3] [--budget 0.5] -- [example args]
 
+The cost depends on the example's size: the copies scale with activation
+bytes, the ops with the hidden size and sequence too (BENCHMARKS.md has both
+the default and ``--layers 2 --hidden 1024 --heads 16 --seq 512 --batch 8``).
+
 ``--backend host --plan-bw GBS`` measures the engine against host memory
 instead (pinned on CUDA), planned at that bandwidth: what a machine whose disk
 is too slow for the model can still do.

@@ -189,8 +189,9 @@ def plan(
     hw = hardware_from_options(prof, gpu_mem, ssd_bw, ssd_read_bw, ssd_write_bw, host_mem, host_bw)
     if prof.meta.get("device_type") == "cpu":
         warn("this profile ran on the CPU: there the transfers are copied by the cores that train, "
-             "which the predicted time does not count (2.3-2.7x measured against 1.00x predicted "
-             "on a 2-core machine, BENCHMARKS.md); on a GPU the copies run beside the compute")
+             "which the predicted time does not count (measured against 1.00x predicted on a 2-core "
+             "machine: 2.3-2.7x where ops are short, 1.09-1.12x where they are long, BENCHMARKS.md); "
+             "on a GPU the copies run beside the compute")
     rank_plans = {}
     comparison: dict[str, Any] = {}
     for rank in prof.ranks:
