@@ -164,25 +164,25 @@ class Tracer(OpStream):
             rec.frees[tensor_id] = self.op_index
 
     # ---- iterations -------------------------------------------------------------
+    def _record(self) -> None:
+        """Start recording an iteration, with the storages alive now as carried into it."""
+        live = {tid: self.sizes.get(tid, s.nbytes()) for tid, s in self.ids.live().items()}
+        for tid in live:
+            self.sizes.setdefault(tid, live[tid])
+        self._rec = _Iteration(live)
+        self._t0 = self._now()
+        if self.cuda_timing:
+            torch.cuda.synchronize()
+
     def begin_iteration(self) -> None:
         # Iteration 1 is traced even as a warm-up one: the storages iteration 0 hands to it
         # are mapped to their steady ids there (``first_carried``).
         if self.iteration >= self.warmup or self.iteration == 1:
-            live = {tid: self.sizes.get(tid, s.nbytes()) for tid, s in self.ids.live().items()}
-            for tid in live:
-                self.sizes.setdefault(tid, live[tid])
-            self._rec = _Iteration(live)
-            self._t0 = self._now()
-            if self.cuda_timing:
-                torch.cuda.synchronize()
+            self._record()
 
     def __enter__(self):  # type: ignore[no-untyped-def]
         out = super().__enter__()
-        live = {tid: s.nbytes() for tid, s in self.ids.live().items()}
-        for tid, n in live.items():
-            self.sizes.setdefault(tid, n)
-        self._rec = _Iteration(live)
-        self._t0 = self._now()
+        self._record()  # iteration 0
         return out
 
     def end_iteration(self) -> None:
