@@ -1,4 +1,7 @@
-"""plan.json, format ``teraio-plan/1`` (DESIGN.md section 5): the model, writing and reading.
+"""plan.json, format ``teraio-plan/2``: the one model of it, its writing and its reading.
+
+Every key, unit and meaning is written down in ``docs/formats.md``; the
+planner writes this model and the runtime reads it (``load_plan``).
 
 A plan holds, per rank, the migrations sorted by ``trigger_op`` (then
 priority). Each migration is a dict:
@@ -72,7 +75,8 @@ from planner.errors import PlanFormatError
 
 __all__ = ["FORMAT", "Migration", "Plan", "load_plan", "save_plan"]
 
-FORMAT = "teraio-plan/1"
+FORMAT = "teraio-plan/2"
+_OLDER = ("teraio-plan/1",)
 _ACTIONS = {"offload": "target", "prefetch": "source"}
 _PLACES = ("ssd", "host")
 
@@ -156,6 +160,41 @@ class Plan:
         names = self.op_names.get(rank)
         return None if names is None else len(names)
 
+    @property
+    def budget_bytes(self) -> int | None:
+        """The device memory this plan holds its iterations to (``parameters.gpu_mem_bytes``)."""
+        value = self.parameters.get("gpu_mem_bytes")
+        return None if value is None else int(value)
+
+    @property
+    def host_mem_bytes(self) -> int | None:
+        value = self.parameters.get("host_mem_bytes")
+        return None if value is None else int(value)
+
+    def out_at_boundary(self, rank: int) -> list[Migration]:
+        """The offloads whose tensors this plan has out when an iteration begins.
+
+        That is a period that spans the boundary (``wraps``) whose offload is triggered
+        before it: after its own prefetch once both are folded into one iteration, or,
+        with no prefetch (a trailing period, NOTE [ Offloads without a prefetch ]), at
+        ``period_start_op + 1`` still inside the iteration.
+        """
+        moves = self.migrations.get(rank, [])
+        prefetch_at = {(m.tensor_id, m.period_start_op): m.trigger_op for m in moves
+                       if m.action == "prefetch"}
+        num_ops = self.num_ops(rank)
+        out = []
+        for m in moves:
+            if m.action != "offload" or not m.wraps:
+                continue
+            prefetch = prefetch_at.get((m.tensor_id, m.period_start_op))
+            if prefetch is not None:
+                if m.trigger_op > prefetch:
+                    out.append(m)
+            elif num_ops is not None and m.period_start_op >= 0 and m.period_start_op + 1 < num_ops:
+                out.append(m)
+        return out
+
     def to_json(self) -> dict[str, Any]:
         doc = {
             "format": FORMAT,
@@ -180,6 +219,10 @@ class Plan:
         """Validate and read a ``teraio-plan/1`` document; ``PlanFormatError`` on any problem."""
         if not isinstance(doc, dict):
             raise PlanFormatError(source, "not a JSON object")
+        if doc.get("format") in _OLDER:
+            profile = (doc.get("parameters") or {}).get("profile") or "its profile"
+            raise PlanFormatError(source, f"format {doc['format']!r} was written by an older teraio; "
+                                          f"make the plan again from {profile} with `teraio plan`")
         if doc.get("format") != FORMAT:
             raise PlanFormatError(source, f"format {doc.get('format')!r}, expected {FORMAT!r}; "
                                           "make the plan again with `teraio plan`")

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pandas as pd
 
 from planner.errors import InfeasibleBudgetError
 from profiles import Profile, active_bytes, inactive_periods, memory_curve
@@ -75,8 +76,10 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
     """The arrays of one rank's (first recorded, by default) iteration of ``profile``."""
     kernels = profile.kernels_of(rank, iteration)
     periods = inactive_periods(profile, rank, iteration)
-    periods = periods[periods["size_bytes"] > 0]
     tensors = profile.tensors_of(rank)
+    # A storage that cannot be freed in place (numpy- or shared-memory-backed) is never moved.
+    fixed = tensors["tensor_id"][~tensors["resizable"]] if "resizable" in tensors else pd.Series([], dtype=np.int64)
+    periods = periods[(periods["size_bytes"] > 0) & ~periods["tensor_id"].isin(fixed)]
     named = tensors[tensors["name"].notna() & tensors["tensor_id"].isin(periods["tensor_id"])]
     return PlanProblem(
         rank=rank,

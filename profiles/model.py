@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profiles.errors import ProfileFormatError
-from profiles.schema import ACCESS_KINDS, FORMAT, PHASES, TABLE_SCHEMAS, TENSOR_KINDS
+from profiles.schema import ACCESS_KINDS, FORMAT, PHASES, TABLE_SCHEMAS, TENSOR_KINDS, V1_FORMAT
 
 __all__ = ["Profile", "find_newest_profile", "read_profile", "write_profile"]
 
@@ -116,7 +116,8 @@ def _write_parts(profile: Profile, directory: Path) -> None:
     (directory / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
-def _read_table(path: Path, name: str) -> pd.DataFrame:
+def _read_table(path: Path, name: str, version: str) -> pd.DataFrame:
+    """One table of a profile of format ``version`` (meta.json's), as a version-2 DataFrame."""
     file = path / f"{name}.parquet"
     if not file.is_file():
         raise ProfileFormatError(file, "file is missing; is this a teraio profile directory?")
@@ -124,17 +125,21 @@ def _read_table(path: Path, name: str) -> pd.DataFrame:
         table = pq.read_table(file)
     except (pa.ArrowException, OSError) as exc:
         raise ProfileFormatError(file, f"not a readable Parquet file ({exc})") from None
-    version = (table.schema.metadata or {}).get(b"format", b"<none>").decode()
-    if version != FORMAT:
+    found = (table.schema.metadata or {}).get(b"format", b"<none>").decode()
+    if found != version:
+        raise ProfileFormatError(file, f"format {found!r}, expected {version!r} as in meta.json; "
+                                       "re-run `teraio profile`")
+    expected = TABLE_SCHEMAS[name].remove_metadata()
+    if version == V1_FORMAT and name == "tensors":
+        expected = expected.remove(expected.get_field_index("resizable"))
+    if table.schema.remove_metadata() != expected:
         raise ProfileFormatError(
-            file, f"format {version!r}, expected {FORMAT!r}; re-run `teraio profile`"
+            file, f"columns {table.schema.names} do not match the {version} schema {expected.names}"
         )
-    expected = TABLE_SCHEMAS[name]
-    if table.schema.remove_metadata() != expected.remove_metadata():
-        raise ProfileFormatError(
-            file, f"columns {table.schema.names} do not match the {FORMAT} schema {expected.names}"
-        )
-    return table.to_pandas()
+    df = table.to_pandas()
+    if version == V1_FORMAT and name == "tensors":
+        df["resizable"] = True  # version 1 did not record it (docs/formats.md, versions)
+    return df
 
 
 def _check_values(path: Path, p: Profile) -> None:
@@ -171,10 +176,11 @@ def read_profile(directory: str | os.PathLike[str]) -> Profile:
         raise ProfileFormatError(meta_file, "file is missing; is this a teraio profile?") from None
     except (OSError, ValueError) as exc:
         raise ProfileFormatError(meta_file, f"not valid JSON ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        found = meta.get("format") if isinstance(meta, dict) else None
-        raise ProfileFormatError(meta_file, f"format {found!r}, expected {FORMAT!r}")
-    tables = {name: _read_table(path, name) for name in TABLE_SCHEMAS}
+    version = meta.get("format") if isinstance(meta, dict) else None
+    if version not in (FORMAT, V1_FORMAT):
+        raise ProfileFormatError(meta_file, f"format {version!r}, expected {FORMAT!r}; re-run "
+                                            "`teraio profile` with this teraio")
+    tables = {name: _read_table(path, name, str(version)) for name in TABLE_SCHEMAS}
     first = read_profile(path / FIRST_DIR) if (path / FIRST_DIR).is_dir() else None
     profile = Profile(meta=meta, path=path, first=first, **tables)
     _check_values(path, profile)

@@ -1,11 +1,11 @@
-"""Version-1 profile format: one explicit pyarrow schema per table (DESIGN.md section 3).
+"""The profile format, version 2: one explicit pyarrow schema per table.
 
-Times are microseconds and sizes bytes everywhere. The format string is stored
-in each schema's metadata and in ``meta.json``; readers refuse anything else.
-A profile may also hold iteration 0 in a ``first_iteration/`` subdirectory of
-the same format, an optional part that readers which do not know it ignore
-(NOTE [ The first iteration ] in ``profiles.model``; DESIGN.md section 3 does
-not list it yet).
+The whole format (every table, column, ``meta.json`` key, unit and meaning) is
+written down in ``docs/formats.md``; this module is its code. Times are
+microseconds and sizes bytes everywhere. The format string is stored in each
+schema's metadata and in ``meta.json``; readers refuse anything but version 2
+and version 1, which they upgrade (``V1_FORMAT``: no ``resizable`` column,
+read as resizable).
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ __all__ = [
     "TABLE_SCHEMAS",
     "TENSOR_KINDS",
     "TENSORS_SCHEMA",
+    "V1_FORMAT",
 ]
 
-FORMAT = "teraio-profile/1"
+FORMAT = "teraio-profile/2"
+V1_FORMAT = "teraio-profile/1"
 _META = {b"format": FORMAT.encode()}
 
 PHASES = ("forward", "backward", "optimizer", "other")
@@ -64,6 +66,9 @@ TENSORS_SCHEMA = pa.schema(
         pa.field("persistent", pa.bool_(), nullable=False),
         pa.field("alloc_op", pa.int32(), nullable=False),
         pa.field("free_op", pa.int32(), nullable=False),
+        # False: the storage cannot be freed in place (numpy- or shared-memory-backed, from
+        # DLPack...): ``untyped_storage().resize_`` raises, so it is never planned.
+        pa.field("resizable", pa.bool_(), nullable=False),
     ],
     metadata=_META,
 )

@@ -131,7 +131,7 @@ def synthetic_profile(
     tensors = pd.DataFrame({
         "rank": np.zeros(len(ids), np.int32), "tensor_id": ids.astype(np.int64), "size_bytes": size,
         "kind": kind, "dtype": "float32", "name": tensor_name, "persistent": persistent,
-        "alloc_op": alloc.astype(np.int32), "free_op": free.astype(np.int32),
+        "alloc_op": alloc.astype(np.int32), "free_op": free.astype(np.int32), "resizable": True,
     })
 
     # ---- accesses ---------------------------------------------------------------------
@@ -153,7 +153,7 @@ def synthetic_profile(
     })
     signature = hashlib.sha256("\n".join(names.tolist()).encode() + size.tobytes()).hexdigest()
     meta = {
-        "format": "teraio-profile/1", "mode": "synthetic", "device_type": "synthetic",
+        "format": "teraio-profile/2", "mode": "synthetic", "device_type": "synthetic",
         "device_name": "synthetic", "device_memory_bytes": None, "world_size": 1, "ranks": [0],
         "iterations": [1], "signature": signature,
         "synthetic": {"num_layers": L, "ops_per_layer": F, "params_per_layer": P, "seed": seed},

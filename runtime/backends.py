@@ -3,14 +3,17 @@
 One small synchronous interface, called from the migration engine's worker
 threads: ``write(key, src)`` stores a uint8 tensor's bytes under ``key``,
 ``read(key, dst)`` fills a uint8 tensor of the same length, ``delete(key)``
-drops them. ``src``/``dst`` alias the storage being moved.
+drops them. ``src``/``dst`` alias the storage being moved. ``close(keep)``
+drops everything but the keys in ``keep``, whose bytes it leaves in files of a
+``teraio-kept-*`` directory that it returns (NOTE [ Swap directories ] in
+``runtime.swapdir``).
 
 * ``PosixBackend``: one file per key in a private swap directory (0700, files
   0600), O_DIRECT through 4 KiB-aligned staging buffers where the filesystem
   allows it (copies and syscalls overlapped, NOTE [ Pipelined staging ]),
   buffered I/O otherwise. The syscalls release the GIL.
-* ``HostBackend``: a preallocated host buffer (pinned on CUDA) with a byte
-  limit, carved first-fit into 4 KiB-aligned blocks.
+* ``HostBackend``: a host buffer (pinned on CUDA) with a byte limit, allocated
+  at its first write, carved first-fit into 4 KiB-aligned blocks.
 * ``KvikioBackend``: GPUDirect Storage through kvikio's ``CuFile`` on device
   buffers; only with CUDA and the ``teraio[gds]`` extra.
 """
@@ -21,14 +24,15 @@ import ctypes
 import mmap
 import os
 import shutil
-import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+
+from runtime.swapdir import keep_swap_dir, make_swap_dir
 
 __all__ = ["Backend", "BackendFull", "HostBackend", "KvikioBackend", "PosixBackend", "backend_names"]
 
@@ -51,7 +55,7 @@ class Backend(Protocol):
 
     def where(self, key: int) -> str: ...
 
-    def close(self) -> None: ...
+    def close(self, keep: Mapping[int, dict[str, Any]] = ...) -> Path | None: ...
 
 
 def backend_names() -> list[str]:
@@ -140,11 +144,7 @@ class PosixBackend:
 
     def __init__(self, swap_dir: str | os.PathLike[str] | None = None, direct: bool = True,
                  num_staging: int = 4) -> None:
-        parent = Path(swap_dir) if swap_dir is not None else None
-        if parent is not None:
-            parent.mkdir(parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix="teraio-swap-", dir=parent))
-        os.chmod(self.dir, 0o700)
+        self.dir = make_swap_dir(swap_dir)
         self.direct = direct and hasattr(os, "O_DIRECT") and self._probe_direct()
         self._staging: list[_Staging] = [_Staging() for _ in range(num_staging)]
         self._lock = threading.Lock()
@@ -305,14 +305,24 @@ class PosixBackend:
     def delete(self, key: int) -> None:
         self._unlinker.delete(self.where(key))
 
-    def close(self) -> None:
+    def close(self, keep: Mapping[int, dict[str, Any]] = {}) -> Path | None:  # noqa: B006 (read only)
         with self._lock:
             pool, self._io = self._io, None
         if pool is not None:
             pool.shutdown(wait=True)
         self._unlinker.flush()
-        shutil.rmtree(self.dir, ignore_errors=True)
         self._staging = []  # the maps go with their last reference
+        return _close_dir(self.dir, self.where, keep)
+
+
+def _close_dir(directory: Path, where: Callable[[int], str], keep: Mapping[int, dict[str, Any]]) -> Path | None:
+    """Remove a swap directory, or keep the files of ``keep`` in it (``runtime.swapdir``)."""
+    files = [{**info, "file": Path(where(key)).name} for key, info in keep.items()
+             if os.path.exists(where(key))]
+    if not files:
+        shutil.rmtree(directory, ignore_errors=True)
+        return None
+    return keep_swap_dir(directory, files)
 
 
 def _full_or(exc: OSError) -> OSError:
@@ -324,18 +334,29 @@ def _full_or(exc: OSError) -> OSError:
 
 
 class HostBackend:
-    """A preallocated host buffer with a byte limit (pinned when CUDA is present)."""
+    """A host buffer with a byte limit (pinned when CUDA is present), allocated at the first
+    write: a limit of 0, or a run that never writes, allocates nothing. ``spill_dir`` is
+    where ``close`` leaves the bytes it is asked to keep."""
 
     name = "host"
 
-    def __init__(self, limit_bytes: int, pin: bool | None = None) -> None:
-        pin = torch.cuda.is_available() if pin is None else pin
+    def __init__(self, limit_bytes: int, pin: bool | None = None,
+                 spill_dir: str | os.PathLike[str] | None = None) -> None:
+        self.pin = torch.cuda.is_available() if pin is None else pin
         self.limit_bytes = limit_bytes
-        self.pool = torch.empty(limit_bytes, dtype=torch.uint8, pin_memory=pin)
+        self.spill_dir = spill_dir
+        self._pool: torch.Tensor | None = None
         self._free: list[tuple[int, int]] = [(0, limit_bytes)]  # (offset, size), sorted
         self._blocks: dict[int, tuple[int, int]] = {}
         self._lock = threading.Lock()
         self.used_bytes = 0
+
+    @property
+    def pool(self) -> torch.Tensor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = torch.empty(self.limit_bytes, dtype=torch.uint8, pin_memory=self.pin)
+            return self._pool
 
     def where(self, key: int) -> str:
         off = self._blocks.get(key, (-1, 0))[0]
@@ -383,10 +404,23 @@ class HostBackend:
         if block is not None:
             self._release(*block)
 
-    def close(self) -> None:
+    def close(self, keep: Mapping[int, dict[str, Any]] = {}) -> Path | None:  # noqa: B006 (read only)
+        """Drop every block; those of ``keep`` are written to files first (a kept directory)."""
+        kept = None
+        keys = [k for k in keep if k in self._blocks]
+        if keys:
+            directory = make_swap_dir(self.spill_dir)
+            for key in keys:
+                off, n = self._blocks[key]
+                with open(directory / f"{key}.bin", "wb") as f:
+                    f.write(_host_bytes(self.pool[off:off + n]))
+            kept = keep_swap_dir(directory, [{**keep[k], "file": f"{k}.bin", "from": "host memory"}
+                                             for k in keys])
         self._blocks.clear()
         self._free = [(0, self.limit_bytes)]
         self.used_bytes = 0
+        self._pool = None
+        return kept
 
 
 class KvikioBackend:
@@ -403,9 +437,7 @@ class KvikioBackend:
         except ImportError as exc:
             raise RuntimeError("the kvikio backend needs `pip install teraio[gds]`") from exc
         self._kvikio = kvikio
-        parent = Path(swap_dir) if swap_dir is not None else None
-        self.dir = Path(tempfile.mkdtemp(prefix="teraio-gds-", dir=parent))
-        os.chmod(self.dir, 0o700)
+        self.dir = make_swap_dir(swap_dir)
         self._unlinker = _Unlinker()
         d = kvikio.defaults
         mode = d.get("compat_mode") if hasattr(d, "get") else d.compat_mode()
@@ -450,6 +482,6 @@ class KvikioBackend:
     def delete(self, key: int) -> None:
         self._unlinker.delete(self.where(key))
 
-    def close(self) -> None:
+    def close(self, keep: Mapping[int, dict[str, Any]] = {}) -> Path | None:  # noqa: B006 (read only)
         self._unlinker.flush()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        return _close_dir(self.dir, self.where, keep)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from profiles.errors import TeraioError
 
-__all__ = ["PlanMismatchError", "StorageIOError"]
+__all__ = ["PlanMismatchError", "StorageIOError", "SwapKeptError"]
 
 
 class StorageIOError(TeraioError):
@@ -14,6 +16,19 @@ class StorageIOError(TeraioError):
         super().__init__(f"tensor {tensor_id}: cannot read it back from {where}: {problem}")
         self.tensor_id = tensor_id
         self.where = where
+        self.problem = problem
+
+
+class SwapKeptError(TeraioError):
+    """At exit, some offloaded tensors could not be restored: their bytes are kept in files."""
+
+    def __init__(self, kept: list[Path], tensors: list[str]) -> None:
+        super().__init__(
+            f"{len(tensors)} offloaded tensors could not be restored at exit; their bytes are "
+                  f"kept in {', '.join(map(str, kept))} (kept.json there says which file is which "
+                  f"tensor): {'; '.join(tensors)}")
+        self.kept = kept
+        self.tensors = tensors
 
 
 class PlanMismatchError(TeraioError):

@@ -1,40 +1,51 @@
 """The plan executor: a dispatch mode that carries out a plan while the script trains.
 
-Before op k of a followed iteration it (1) finishes what the engine completed
-(freeing storages whose bytes are safely written), (2) starts the transfers
-the plan triggers at k, (3) waits for offloads whose memory must be free by k,
-and (4) makes every input of op k resident, faulting in on demand whatever
-is not, plan or no plan. A prefetch or an op that would take the tracked
-bytes over the plan's budget first waits for offloads in flight to make room,
-as the planner's simulator does (NOTE [ Room ]). Waits are stalls, counted and
-timed. Iteration 0 has a plan of its own (it runs the script's set-up ops, and
-the optimizer makes its state in it): NOTE [ Following the first iteration ].
+Before op k of an iteration that follows its plan it (1) finishes what the
+engine completed (freeing storages whose bytes are safely written), (2) starts
+the transfers the plan triggers at k, (3) waits for offloads whose memory must
+be free by k, and (4) makes every input of op k resident, faulting in on
+demand whatever is not, plan or no plan. A prefetch or an op that would take
+the tracked bytes over the plan's budget first waits for offloads in flight to
+make room, as the planner's simulator does (NOTE [ Room ]). Waits are stalls,
+counted and timed. Which plan an iteration follows, and what moves at a
+boundary, is decided by ``runtime.boundary`` (NOTE [ Boundaries ]); this class
+applies it.
 """
 
 from __future__ import annotations
 
 import itertools
+import pickle
 import threading
 import time
 import warnings
 import weakref
-from collections import defaultdict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 import torch
 
+from planner.plan import Migration, Plan
 from runtime.backends import Backend, BackendFull
+from runtime.boundary import Ending, Schedule, at_boundary
 from runtime.engine import Job, MigrationEngine
 from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.storage import byte_view, free_storage, realloc_storage
-from torch_patch.identity import PRODUCED_BASE
 from torch_patch.opstream import OpInfo, OpStream
 
-__all__ = ["FirstPlan", "Move", "PlanExecutor", "Residency"]
+__all__ = ["PlanExecutor", "Residency", "RunStats"]
+
+# Steady iterations that may leave the plan before one follows it to its end, before the
+# plan is refused as made for another profile (NOTE [ Boundaries ] in runtime.boundary).
+_REFUSE_AFTER = 2
+# A transfer that takes longer than this (plus 1 s per 10 MB) ends the run with an error:
+# no wait can last for ever.
+_TRANSFER_TIMEOUT_S = 600.0
 
 
 class Residency(Enum):
@@ -43,53 +54,6 @@ class Residency(Enum):
     SSD = "ssd"
     HOST = "host"
     FETCHING = "fetching"
-
-
-@dataclass(frozen=True)
-class Move:
-    """One planned transfer, as the executor needs it."""
-
-    tensor_id: int
-    action: str  # "offload" | "prefetch"
-    target: str  # "ssd" | "host": where the bytes go to or come from
-    trigger_op: int
-    deadline_op: int
-    size_bytes: int
-    urgent: bool = False
-    out_at_boundary: bool = False  # an offload whose period spans the iteration boundary
-    name: str | None = None  # a named tensor's name (parameter, gradient, optimizer state)
-
-
-@dataclass(frozen=True)
-class FirstPlan:
-    """Iteration 0's plan (NOTE [ The first iteration's plan ] in ``planner.plan``)."""
-
-    moves: list[Move]
-    op_names: list[str]
-    budget_bytes: int | None
-    carried: dict[int, int]  # steady plan id -> id in iteration 1 of a storage made in iteration 0
-
-
-@dataclass(frozen=True)
-class _Schedule:
-    """One iteration's plan, looked up op by op."""
-
-    triggers: dict[int, list[Move]]  # trigger op -> moves; offloads first (NOTE [ Room ])
-    deadlines: dict[int, list[int]]  # op -> tensor ids whose offloads must be done before it
-    op_names: list[str] | None
-    budget_bytes: int | None
-
-    @classmethod
-    def of(cls, moves: list[Move], op_names: list[str] | None, budget_bytes: int | None) -> _Schedule:
-        triggers: dict[int, list[Move]] = defaultdict(list)
-        deadlines: dict[int, list[int]] = defaultdict(list)
-        # At one op, offloads start before prefetches: a prefetch waits for room only on
-        # offloads in flight (NOTE [ Room ]), as the simulator's op does.
-        for m in sorted(moves, key=lambda m: m.action != "offload"):
-            triggers[m.trigger_op].append(m)
-            if m.action == "offload":
-                deadlines[m.deadline_op].append(m.tensor_id)
-        return cls(dict(triggers), dict(deadlines), op_names, budget_bytes)
 
 
 @dataclass(eq=False)
@@ -102,6 +66,7 @@ class _Entry:
     key: int  # the backend's key: fixed, while tensor ids change at boundaries
     job: Job | None = None
     touched: bool = False  # accessed while its offload was in flight: keep it
+    keep_copy: bool = False  # a read that leaves the backend's copy (``resident_for``)
 
 
 @dataclass
@@ -111,8 +76,8 @@ class RunStats:
     on_demand_fetches: int = 0
     cancelled_offloads: int = 0
     failed_writes: int = 0
-    bytes_written: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    bytes_read: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bytes_written: dict[str, int] = field(default_factory=lambda: {"ssd": 0, "host": 0})
+    bytes_read: dict[str, int] = field(default_factory=lambda: {"ssd": 0, "host": 0})
     write_busy_s: float = 0.0
     read_busy_s: float = 0.0
     tracked_bytes: int = 0
@@ -122,6 +87,8 @@ class RunStats:
     iteration_stall_s: list[float] = field(default_factory=list)  # stall time of each iteration
     iteration_peak_rss_bytes: list[int] = field(default_factory=list)
     iteration_peak_cuda_bytes: list[int] = field(default_factory=list)  # allocated, CUDA only
+    iteration_followed: list[bool] = field(default_factory=list)  # followed its plan to the end
+    not_resizable: list[str] = field(default_factory=list)  # planned tensors kept: not freeable
 
 
 # NOTE [ Copy streams ]: a worker's device copies run on a CUDA stream of its own
@@ -157,21 +124,20 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> Callable[[], 
 
 
 class PlanExecutor(OpStream):
-    def __init__(self, moves: list[Move], op_names: list[str] | None,
-                 backends: dict[str, Backend], engine: MigrationEngine,
-                 follow_from: int = 1, budget_bytes: int | None = None,
-                 first: FirstPlan | None = None) -> None:
+    """Carries out ``plan``'s migrations of ``rank``; see the module docstring."""
+
+    def __init__(self, plan: Plan, backends: dict[str, Backend], engine: MigrationEngine,
+                 rank: int = 0) -> None:
         super().__init__()
-        self.moves = moves
-        self.steady = _Schedule.of(moves, op_names, budget_bytes)
-        self.first = first if follow_from == 1 else None  # NOTE [ Following the first iteration ]
-        self.schedule = self.steady if self.first is None else _Schedule.of(
-            self.first.moves, self.first.op_names, self.first.budget_bytes)
-        self.first_left_at: str | None = None  # where iteration 0 stopped following its plan
-        self.carried_out = [m for m in moves if m.out_at_boundary]
+        self.plan = plan
+        self.rank = rank
+        self.steady = Schedule.of(plan, rank)
+        first = plan.first
+        self.first = Schedule.of(first, rank) if first is not None and rank in first.op_names else None
+        self.schedule: Schedule | None = self.first  # what this iteration follows; None: on demand
+        self.plan_ids: dict[int, int] = {}  # plan id -> id now (NOTE [ Boundaries ])
         self.backends = backends
         self.engine = engine
-        self.follow_from = follow_from
         self._writes: deque[_Entry] = deque()  # offloads in flight, oldest first
         # bytes each op made, this followed iteration and the one before (NOTE [ Room ])
         self._made: list[int] = []
@@ -179,50 +145,56 @@ class PlanExecutor(OpStream):
         self.moved: dict[int, _Entry] = {}
         self.sizes: dict[int, int] = {}
         self.stats = RunStats()
-        self.diverged: str | None = None
-        self.divergence_reported = False
+        self.first_left_at: str | None = None  # where iteration 0 left its plan
+        self.left_at: str | None = None  # where this iteration left its plan
+        self.unfollowed: list[dict[str, Any]] = []  # steady iterations run on demand, and where
         self.matched_iterations = 0
+        self._renamed: dict[int, int] = {}  # the renaming at the last boundary
+        self._ending = Ending.ON_DEMAND  # how the iteration before went
         self._warned: set[str] = set()
         self._keys = itertools.count()
         self._iter_t0 = time.perf_counter()
         self._iter_stall_s0 = 0.0  # stats.stall_s when this iteration began
-        # transient id -> the id its storage got at the last boundary (NOTE [ Plan ids ])
-        self._renamed_at_boundary: dict[int, int] = {}
-
-    @property
-    def following(self) -> bool:
-        """Whether this iteration follows a plan: the steady one, or iteration 0's."""
-        if self.diverged is not None:
-            return False
-        if self.iteration == 0:
-            return self.first is not None and self.first_left_at is None
-        return self.iteration >= self.follow_from
-
-    @property
-    def steady_following(self) -> bool:
-        return self.following and self.iteration >= self.follow_from
 
     # ---- per op ----------------------------------------------------------------
     def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                inputs: list[tuple[int, torch.Tensor, bool]]) -> Any:
         if self.engine.completed:
             self._drain()
-        if self.following:
-            self._check_op(index, str(func))
-        if self.following:
-            schedule = self.schedule
-            for m in schedule.triggers.get(index, ()):
-                self._start(m)
-            for tid in schedule.deadlines.get(index, ()):
-                _, entry = self._moved_entry(tid)
-                if entry is not None and entry.state is Residency.OFFLOADING:
-                    self._wait(entry)
-            if index < len(self._made_before) and self._made_before[index] > 0:
-                self._make_room(self._made_before[index])
+        schedule = self.schedule
+        if schedule is not None:
+            if index >= schedule.num_ops or schedule.op_names[index] != str(func):
+                expected = schedule.op_names[index] if index < schedule.num_ops else "the end of the iteration"
+                self._leave(f"op {index}: ran {func}, the plan expects {expected}")
+            else:
+                for m in schedule.triggers.get(index, ()):
+                    self._start(m)
+                    if self.schedule is None:  # a size differs: it left the plan
+                        break
+            if self.schedule is not None:
+                for tid in schedule.deadlines.get(index, ()):
+                    entry = self._entry(tid)
+                    if entry is not None and entry.state is Residency.OFFLOADING:
+                        self._wait(entry)
+                if schedule is self.steady and index < len(self._made_before) and self._made_before[index] > 0:
+                    self._make_room(self._made_before[index])
         if self.moved:
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
                 if entry is not None:
+                    self._make_resident(tid, entry)
+        return func(*args, **kwargs)
+
+    def run_uncounted(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An uncounted op (data loading) still never touches a freed storage."""
+        if self.moved:
+            for tensor in _tensors(args, kwargs):
+                try:
+                    tid = self.ids.get(tensor.untyped_storage())
+                except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
+                    continue
+                entry = self.moved.get(tid) if tid is not None else None
+                if tid is not None and entry is not None:
                     self._make_resident(tid, entry)
         return func(*args, **kwargs)
 
@@ -241,7 +213,7 @@ class PlanExecutor(OpStream):
                 n = t.untyped_storage().nbytes()
                 sizes[tid] = n
                 stats.tracked_bytes += n
-        if self.steady_following:
+        if self.schedule is self.steady:
             self._made.append(stats.tracked_bytes - before)
         if stats.tracked_bytes > stats.peak_tracked_bytes:
             stats.peak_tracked_bytes = stats.tracked_bytes
@@ -254,82 +226,49 @@ class PlanExecutor(OpStream):
         self.stats.tracked_bytes -= n
         if entry is not None:
             if entry.job is not None:
-                entry.job.done.wait()
+                self._await(entry.job)
                 self._count(entry.job)  # done, but the drain will no longer find it
             entry.backend.delete(entry.key)
 
-    # NOTE [ Following the first iteration ]: iteration 0 runs the script's set-up ops,
-    # and the optimizer makes its state in it: it is no steady iteration, and the plan
-    # has a plan of its own for it (NOTE [ The first iteration's plan ] in planner.plan),
-    # whose ids are iteration 0's. The executor follows it as it follows the steady plan,
-    # op by op, with its own budget, from the first op it sees (``teraio run`` starts
-    # with the script; under ``offload()`` entered later the ops differ at once). Where
-    # an op, a count of ops or a size differs, it stops following it, warns once and
-    # finishes iteration 0 on demand: that is no divergence of the steady plan. At the
-    # boundary the steady plan takes over (``begin_iteration``): what it has out across
-    # the boundary goes out, what iteration 0 left out that it has in comes back.
-
-    # ---- plan checks -------------------------------------------------------------
-    def _check_op(self, index: int, name: str) -> None:
-        names = self.schedule.op_names
-        if names is None:
-            return
-        if index >= len(names) or names[index] != name:
-            expected = names[index] if index < len(names) else "the end of the iteration"
-            self._diverge(f"iteration {self.iteration}, op {index}: ran {name}, "
-                          f"the plan expects {expected}")
-
-    def _diverge(self, where: str) -> None:
-        """Stop following the plan. The first followed iteration must match: a plan made
-        for another profile is refused. Later, the warning waits for the next iteration
-        boundary, so that code after the training loop is not reported as a divergence.
-        In iteration 0, stop following its plan only (NOTE [ Following the first iteration ])."""
+    # ---- following the plan --------------------------------------------------------
+    def _leave(self, where: str) -> None:
+        """Run the rest of this iteration on demand (NOTE [ Boundaries ] in runtime.boundary)."""
+        self.schedule = None
         if self.iteration == 0:
-            self.first_left_at = where
+            self.first_left_at = f"iteration 0, {where}"
             hint = (" (its plan starts at the script's first op, as `teraio profile` and "
                     "`teraio run` see it; entered later, it cannot be followed)"
                     if self.op_index <= 1 else "")
             self._warn_once("first", f"iteration 0 left its plan at {where}{hint}; it goes on "
                             "on demand, and may need more memory than the plan's budget")
             return
-        self.restore_all()
-        self.diverged = where
-        if self.matched_iterations == 0:
-            raise PlanMismatchError(
-                f"the plan was made for another profile: {where}. Profile this script with "
-                f"these arguments (`teraio profile`) and plan again")
+        self.left_at = f"iteration {self.iteration}, {where}"
 
-    # ---- transfers ---------------------------------------------------------------
-    # NOTE [ Plan ids ]: a plan names a transient storage by the id the iteration that
-    # made it gave it. A period that spans the boundary has events after it (a prefetch,
-    # an offload's deadline, an offload triggered at op 0), when the storage has been
-    # renamed (a carried flag, or a gradient's persistent number): those look up the
-    # plan id first, then the id it was renamed to at the last boundary.
-    def _moved_entry(self, tid: int) -> tuple[int, _Entry | None]:
-        """The runtime id and moved entry of plan id ``tid``."""
-        entry = self.moved.get(tid)
-        if entry is None and tid in self._renamed_at_boundary:
-            tid = self._renamed_at_boundary[tid]
-            entry = self.moved.get(tid)
-        return tid, entry
+    def _entry(self, plan_id: int) -> _Entry | None:
+        """The moved entry of plan id ``plan_id``, by its id now (NOTE [ Boundaries ])."""
+        entry = self.moved.get(plan_id)
+        if entry is None and plan_id in self.plan_ids:
+            entry = self.moved.get(self.plan_ids[plan_id])
+        return entry
 
-    def _start(self, m: Move) -> None:
+    def _start(self, m: Migration) -> None:
         tid = m.tensor_id
         if m.action == "offload":
             storage = self.ids.storage(tid)
-            if storage is None and tid in self._renamed_at_boundary:
-                tid = self._renamed_at_boundary[tid]
+            if storage is None and tid in self.plan_ids:
+                tid = self.plan_ids[tid]
                 storage = self.ids.storage(tid)
             if storage is None or tid in self.moved:
                 return
-            n = storage.nbytes()
-            if n != m.size_bytes:
-                self._diverge(f"iteration {self.iteration}, op {m.trigger_op}: tensor "
-                              f"{tid} has {n} bytes, the plan expects {m.size_bytes}")
+            if storage.nbytes() != m.size_bytes:
+                self._leave(f"op {m.trigger_op}: tensor {tid} has {storage.nbytes()} bytes, the plan "
+                            f"expects {m.size_bytes}")
                 return
-            self._offload(tid, storage, "host" if m.target == "host" else "ssd", m.urgent)
+            self._offload(tid, storage, m.place, m.urgent, m.name)
             return
-        tid, entry = self._moved_entry(tid)
+        if tid not in self.moved and tid in self.plan_ids:
+            tid = self.plan_ids[tid]
+        entry = self.moved.get(tid)
         if entry is None:
             return
         if entry.state is Residency.OFFLOADING:
@@ -337,8 +276,19 @@ class PlanExecutor(OpStream):
         elif entry.state in (Residency.SSD, Residency.HOST):
             self._fetch(tid, entry, m.urgent)
 
-    def _offload(self, tid: int, storage: torch.UntypedStorage, target: str,
-                 urgent: bool) -> None:
+    # ---- transfers ---------------------------------------------------------------
+    def _describe(self, tid: int, name: str | None = None) -> str:
+        name = name or self.persistent.get(tid, (None, ""))[0]
+        return f"tensor {tid}" + (f" ({name})" if name else "")
+
+    def _offload(self, tid: int, storage: torch.UntypedStorage, target: str, urgent: bool,
+                 name: str | None = None) -> None:
+        if not storage.resizable():
+            what = self._describe(tid, name)
+            self.stats.not_resizable.append(what)
+            self._warn_once("fixed", f"{what} cannot be freed in place (its memory belongs to numpy, "
+                            "shared memory or DLPack), so it stays in memory; so does every such tensor")
+            return
         backend = self.backends[target]
         key = next(self._keys)
         src = byte_view(storage)
@@ -356,11 +306,17 @@ class PlanExecutor(OpStream):
             writes.popleft()  # done: keeps the queue as short as what is in flight
         writes.append(entry)
 
-    def _fetch(self, tid: int, entry: _Entry, urgent: bool) -> None:
+    # NOTE [ Interrupts ]: a Ctrl-C (KeyboardInterrupt) can land between any two steps of
+    # the main thread's bookkeeping. The steps are ordered so that ``restore_all`` can
+    # always tell what a storage holds from its entry and its size: a storage is freed
+    # only after its bytes are written, its entry says SSD or HOST only once it is freed
+    # (until then a freed storage with no job is still "out"), and it is reallocated
+    # before its read is submitted (an SSD or HOST entry with no job is read again).
+    def _fetch(self, tid: int, entry: _Entry, urgent: bool, keep_copy: bool = False) -> None:
         storage = entry.storage()
         if storage is None:
             return
-        if self.following:
+        if self.schedule is not None:
             self._make_room(entry.nbytes)
         realloc_storage(storage, entry.nbytes)
         self.stats.tracked_bytes += entry.nbytes
@@ -371,9 +327,19 @@ class PlanExecutor(OpStream):
         def work() -> None:
             backend.read(key, dst)
 
+        entry.keep_copy = keep_copy
         entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, _off_stream(work, dst), urgent,
                                            entry.target))
         entry.state = Residency.FETCHING
+
+    def _await(self, job: Job) -> None:
+        """Wait for ``job`` to finish; a transfer that never does ends the run with an error."""
+        if job.done.is_set():
+            return
+        timeout = _TRANSFER_TIMEOUT_S + job.nbytes / 10e6
+        if not job.done.wait(timeout):
+            raise StorageIOError(job.tensor_id, job.target or "the backend",
+                                 f"the {job.direction} did not finish in {timeout:.0f} s")
 
     def _wait(self, entry: _Entry) -> None:
         job = entry.job
@@ -382,7 +348,7 @@ class PlanExecutor(OpStream):
         if not job.done.is_set():
             self.engine.promote(job)
             t0 = time.perf_counter()
-            job.done.wait()
+            self._await(job)
             self.stats.stalls += 1
             self.stats.stall_s += time.perf_counter() - t0
         self._drain()
@@ -394,7 +360,8 @@ class PlanExecutor(OpStream):
     def _make_room(self, nbytes: int) -> None:
         """Wait for offloads in flight, oldest first, until ``nbytes`` more fit the budget
         or none is left (NOTE [ Room ])."""
-        budget, writes = self.schedule.budget_bytes, self._writes
+        budget = self.schedule.budget_bytes if self.schedule is not None else None
+        writes = self._writes
         if budget is None:
             return
         while writes and self.stats.tracked_bytes + nbytes > budget:
@@ -411,20 +378,24 @@ class PlanExecutor(OpStream):
             self._fetch(tid, entry, urgent=True)
         self._wait(entry)
 
-    def _drain(self) -> None:
-        """Apply the state changes of every finished job (main thread only)."""
+    def _drain(self, errors: list[StorageIOError] | None = None) -> None:
+        """Apply the state changes of every finished job (main thread only); a failed read
+        raises, or with ``errors`` is added to it and its entry kept."""
         completed = self.engine.completed
         while completed:
-            job = completed.popleft()
-            job.release()  # NOTE [ Releasing jobs ] in runtime.engine
-            entry = self.moved.get(job.tensor_id)
-            if entry is None or entry.job is not job:
-                continue
-            entry.job = None
-            if job.direction == "write":
-                self._finish_write(job, entry)
-            else:
-                self._finish_read(job, entry)
+            self._complete(completed.popleft(), errors)
+
+    def _complete(self, job: Job, errors: list[StorageIOError] | None = None) -> None:
+        """Apply a finished job's result, once (a job may be seen again in ``completed``)."""
+        job.release()  # NOTE [ Releasing jobs ] in runtime.engine
+        entry = self.moved.get(job.tensor_id)
+        if entry is None or entry.job is not job:
+            return
+        entry.job = None
+        if job.direction == "write":
+            self._finish_write(job, entry)
+        else:
+            self._finish_read(job, entry, errors)
 
     def _count(self, job: Job) -> None:
         """Bytes and busy time of a job that moved its bytes."""
@@ -443,7 +414,7 @@ class PlanExecutor(OpStream):
         if job.error is not None:
             self.stats.failed_writes += 1
             self._warn_once(f"write-{job.target}",
-                            f"could not write tensor {tid} to {job.target} ({job.error}); "
+                            f"could not write {self._describe(tid)} to {job.target} ({job.error}); "
                             "keeping such tensors in memory")
             entry.backend.delete(entry.key)
             del self.moved[tid]
@@ -457,32 +428,124 @@ class PlanExecutor(OpStream):
             entry.backend.delete(entry.key)
             del self.moved[tid]
             return
-        free_storage(storage)
+        try:
+            free_storage(storage)
+        except RuntimeError as exc:  # it became unresizable while its bytes were written
+            self._keep_resident(tid, entry, exc)
+            return
         self.stats.tracked_bytes -= entry.nbytes
         entry.state = Residency.HOST if job.target == "host" else Residency.SSD
 
-    def _finish_read(self, job: Job, entry: _Entry) -> None:
-        tid = job.tensor_id
-        if job.error is not None:
-            where = entry.backend.where(entry.key)
-            raise StorageIOError(tid, where, str(job.error))
-        self._count(job)
+    def _keep_resident(self, tid: int, entry: _Entry, exc: BaseException) -> None:
+        what = self._describe(tid)
+        self.stats.not_resizable.append(what)
+        self._warn_once("fixed", f"{what} could not be freed in place ({exc}), so it stays in memory; "
+                        "so does every such tensor")
         entry.backend.delete(entry.key)
         del self.moved[tid]
 
-    def restore_all(self) -> None:
-        """Bring every offloaded tensor back and wait for all transfers."""
-        for tid, entry in list(self.moved.items()):
-            if tid not in self.moved:
+    def _finish_read(self, job: Job, entry: _Entry, errors: list[StorageIOError] | None) -> None:
+        tid = job.tensor_id
+        if job.error is not None:
+            error = StorageIOError(tid, entry.backend.where(entry.key), str(job.error))
+            if errors is None:
+                raise error
+            entry.state = Residency.SSD if entry.target == "ssd" else Residency.HOST
+            errors.append(error)
+            return
+        self._count(job)
+        if not entry.keep_copy:
+            entry.backend.delete(entry.key)
+        del self.moved[tid]
+
+    # ---- exits and saves -----------------------------------------------------------
+    def restore_all(self, errors: list[StorageIOError] | None = None) -> None:
+        """Bring every offloaded tensor back and wait for all transfers. A tensor that cannot
+        be read back raises, or with ``errors`` is added to it and left in ``moved`` (its
+        bytes in the backend). Every step makes progress: no loop here can spin."""
+        for tid in list(self.moved):
+            entry = self.moved.get(tid)
+            if entry is None:
                 continue
-            if entry.state is Residency.OFFLOADING:
-                entry.touched = True
-            self._make_resident(tid, entry)
-        while self.moved:
-            entry = next(iter(self.moved.values()))
-            if entry.job is not None:
-                entry.job.done.wait()
-            self._drain()
+            if entry.job is not None:  # its transfer ends it: resident, or a read error kept
+                if entry.state is Residency.OFFLOADING:
+                    entry.touched = True  # kept resident when its write is done
+                self._await(entry.job)
+                self._complete(entry.job, errors)
+                continue
+            storage = entry.storage()
+            if storage is None:
+                continue
+            # NOTE [ Interrupts ]: with no job in flight, a freed storage or an SSD/HOST entry
+            # holds its bytes in the backend; anything else is resident already.
+            if storage.nbytes() == 0 or entry.state in (Residency.SSD, Residency.HOST):
+                try:
+                    self._fetch(tid, entry, urgent=True)
+                except (RuntimeError, MemoryError) as exc:  # no memory to bring it back into
+                    if errors is None:
+                        raise
+                    errors.append(StorageIOError(tid, entry.backend.where(entry.key), f"cannot reallocate "
+                                                 f"it: {exc}"))
+                    continue
+                if entry.job is not None:
+                    self._await(entry.job)
+                    self._complete(entry.job, errors)
+            else:
+                entry.backend.delete(entry.key)
+                del self.moved[tid]
+        self._drain(errors)
+
+    def _storages_in(self, obj: Any) -> list[torch.UntypedStorage | None]:
+        """Every storage of a tensor reachable from ``obj`` as pickle would walk it."""
+        found: list[torch.UntypedStorage | None] = []
+
+        class Walk(pickle.Pickler):
+            def persistent_id(self, x: Any) -> Any:
+                if isinstance(x, torch.Tensor):
+                    found.append(x.untyped_storage())
+                    return len(found)
+                if isinstance(x, torch.UntypedStorage):
+                    found.append(x)
+                    return len(found)
+                return None
+
+        Walk(_Sink(), protocol=2).dump(obj)
+        return found
+
+    @contextmanager
+    def resident_for(self, obj: Any) -> Iterator[None]:
+        """The offloaded storages of ``obj``'s tensors back for the body (a ``torch.save``,
+        which reads storages outside any op); then freed again, their copies kept."""
+        try:
+            storages = self._storages_in(obj)
+        except Exception:  # noqa: BLE001 - an object pickle cannot walk: bring everything back
+            storages = [e.storage() for e in self.moved.values()]
+        refree: list[tuple[int, _Entry]] = []
+        for storage in storages:
+            if storage is None:
+                continue
+            tid = self.ids.get(storage)
+            entry = self.moved.get(tid) if tid is not None else None
+            if entry is None or tid is None:
+                continue
+            self._wait(entry)  # an offload in flight finishes first (then it is out)
+            entry = self.moved.get(tid)
+            if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
+                self._fetch(tid, entry, urgent=True, keep_copy=True)
+                self._wait(entry)
+                refree.append((tid, entry))
+        try:
+            yield
+        finally:
+            for tid, entry in refree:
+                storage = entry.storage()
+                if storage is None or tid in self.moved:
+                    continue
+                free_storage(storage)
+                self.stats.tracked_bytes -= entry.nbytes
+                entry.state = Residency.HOST if entry.target == "host" else Residency.SSD
+                entry.keep_copy = False
+                self.moved[tid] = entry
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -492,103 +555,121 @@ class PlanExecutor(OpStream):
     # ---- iterations ----------------------------------------------------------------
     def renamed(self, new_ids: dict[int, int]) -> None:
         # Persistent storages get their names at a boundary and carried ones a flag
-        # (torch_patch.identity): what is keyed by tensor id follows its storage.
-        self._renamed_at_boundary = {old: new for old, new in new_ids.items() if old >= PRODUCED_BASE}
+        # (profiles.ids): what is keyed by tensor id follows its storage.
+        self._renamed = new_ids
         self.sizes = {new_ids.get(t, t): n for t, n in self.sizes.items()}
         self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
         for entry in self.moved.values():
             if entry.job is not None:
                 entry.job.tensor_id = new_ids.get(entry.job.tensor_id, entry.job.tensor_id)
 
-    def begin_iteration(self) -> None:
-        if self.iteration == 1:
-            self.schedule = self.steady
-            self._renamed_at_boundary = self._ids_after_first()
-        # The iteration before the first followed one (iteration 0 under its own plan, or
-        # one not followed) may have kept resident what the steady plan has out across the
-        # boundary: send it out now and wait (one stall), so that the first followed
-        # iteration starts with the memory the plan expects; and what it left out that the
-        # plan has in comes back (it is needed soon, and the plan counts it resident).
-        if self.iteration == self.follow_from and self.diverged is None:
-            out = self._carried_out_now()
-            for m in out:
-                self._start(m)
-            for m in out:
-                entry = self.moved.get(m.tensor_id)
-                if entry is not None and entry.state is Residency.OFFLOADING:
-                    self._wait(entry)
-            kept_out = {m.tensor_id for m in out}
-            for tid, entry in list(self.moved.items()):
-                if tid in kept_out:
-                    continue
-                if entry.state is Residency.OFFLOADING:
-                    entry.touched = True  # kept resident when its write is done
-                elif entry.state in (Residency.SSD, Residency.HOST):
-                    self._fetch(tid, entry, urgent=False)
-        self.stats.peak_tracked_bytes = self.stats.tracked_bytes  # the new iteration's peak
-
-    def _ids_after_first(self) -> dict[int, int]:
-        """At the boundary after iteration 0: steady plan id -> id now of the plan's transient
-        storages that iteration 0 made and left alive (NOTE [ Plan ids ]). Iteration 0's own
-        ids mean nothing to the steady plan: a gradient is found by its name, another
-        storage by the map iteration 0's plan carries (``FirstPlan.carried``), whose ids
-        are those of the profiled iteration 0, so only if this one followed it to the end."""
-        by_name = {name: tid for tid, (name, _) in self.persistent.items()}
-        followed = self.first is not None and self.first_left_at is None
-        ids = dict(self.first.carried) if followed and self.first is not None else {}
-        for m in self.moves:
-            if m.tensor_id >= PRODUCED_BASE and m.name in by_name:
-                ids[m.tensor_id] = by_name[m.name]
-        return ids
-
-    def _carried_out_now(self) -> list[Move]:
-        """The plan's offloads out across the boundary, with the ids their storages have
-        now (persistent ids are stable; transient ones as NOTE [ Plan ids ] says). One whose
-        storage is not found, or not of the planned size, is left where it is (it is out
-        once it dies)."""
-        out = []
-        for m in self.carried_out:
-            tid = m.tensor_id if m.tensor_id < PRODUCED_BASE else self._renamed_at_boundary.get(m.tensor_id, -1)
-            storage = self.ids.storage(tid) if tid >= 0 else None
-            if storage is None or (tid not in self.moved and storage.nbytes() != m.size_bytes):
-                self._renamed_at_boundary.pop(m.tensor_id, None)
-                continue
-            out.append(replace(m, tensor_id=tid, urgent=True))
-        return out
-
     def end_iteration(self) -> None:
-        if self.steady_following:
+        schedule = self.schedule
+        if schedule is not None and self.op_index != schedule.num_ops:
+            self._leave(f"{self.op_index} ops, the plan expects {schedule.num_ops}")
+            schedule = None
+        if schedule is None:
+            self._ending = Ending.ON_DEMAND
+            self._made = []
+        elif schedule is self.steady:
+            self._ending = Ending.STEADY
+            self.matched_iterations += 1
             self._made_before, self._made = self._made, []
-        if self.diverged is not None and not self.divergence_reported:
-            self.divergence_reported = True
-            warnings.warn(f"teraio: the op stream left the plan at {self.diverged}; restored "
-                          "every offloaded tensor, continuing on demand", RuntimeWarning,
-                          stacklevel=2)
+        else:
+            self._ending = Ending.FIRST
+        if self.iteration > 0 and self._ending is Ending.ON_DEMAND:
+            self._unfollowed(self.left_at or f"iteration {self.iteration}")
+        self._renamed = {}
+        self.left_at = None
+        s = self.stats
         now = time.perf_counter()
-        self.stats.iteration_s.append(now - self._iter_t0)
-        self.stats.iteration_peak_bytes.append(self.stats.peak_tracked_bytes)
-        self.stats.iteration_stall_s.append(self.stats.stall_s - self._iter_stall_s0)
-        self._iter_stall_s0 = self.stats.stall_s
+        s.iteration_s.append(now - self._iter_t0)
+        s.iteration_peak_bytes.append(s.peak_tracked_bytes)
+        s.iteration_stall_s.append(s.stall_s - self._iter_stall_s0)
+        s.iteration_followed.append(self._ending is not Ending.ON_DEMAND)
+        self._iter_stall_s0 = s.stall_s
         self._iter_t0 = now
         rss = peak_rss_since_reset()
         if rss is not None:
-            self.stats.iteration_peak_rss_bytes.append(rss)
+            s.iteration_peak_rss_bytes.append(rss)
         if torch.cuda.is_initialized():
-            self.stats.iteration_peak_cuda_bytes.append(torch.cuda.max_memory_allocated())
+            s.iteration_peak_cuda_bytes.append(torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
-        names = self.schedule.op_names
-        if self.following and names is not None:
-            if self.op_index != len(names):
-                self._diverge(f"iteration {self.iteration}: {self.op_index} ops, the plan "
-                              f"expects {len(names)}")
-            elif self.iteration > 0:
-                self.matched_iterations += 1
         trim()  # see NOTE [ malloc on CPU ]: without it the heap only grows
         reset_peak_rss()
 
+    def _unfollowed(self, where: str) -> None:
+        self.unfollowed.append({"iteration": self.iteration, "left_at": where})
+        if self.matched_iterations == 0 and len(self.unfollowed) >= _REFUSE_AFTER:
+            raise PlanMismatchError(
+                f"the plan was made for another profile: no iteration follows it ({where}). Profile "
+                "this script with these arguments (`teraio profile`) and plan again")
+        self._warn_once("left", f"{where}: the ops left the plan, so this iteration ran on demand "
+                        "(an evaluation, a log line or a checkpoint between steps does this); the plan "
+                        "is followed again from the next iteration whose ops are its own")
+
+    def begin_iteration(self) -> None:
+        boundary = at_boundary(
+            self.plan, self.rank, self._ending, renamed=self._renamed,
+            names={name: tid for tid, (name, _) in self.persistent.items()},
+            live_bytes=self._live_bytes, out=self.moved.keys())
+        self.plan_ids = boundary.plan_ids
+        self.schedule = self.steady
+        for tid, m in boundary.send_out:
+            storage = self.ids.storage(tid)
+            if storage is not None and tid not in self.moved:
+                self._offload(tid, storage, m.place, urgent=True, name=m.name)
+        for tid, _ in boundary.send_out:
+            entry = self.moved.get(tid)
+            if entry is not None and entry.state is Residency.OFFLOADING:
+                self._wait(entry)
+        for tid in boundary.bring_back:
+            entry = self.moved.get(tid)
+            if entry is None:
+                continue
+            if entry.state is Residency.OFFLOADING:
+                entry.touched = True  # kept resident when its write is done
+            elif entry.state in (Residency.SSD, Residency.HOST):
+                self._fetch(tid, entry, urgent=False)
+        self.stats.peak_tracked_bytes = self.stats.tracked_bytes  # the new iteration's peak
+
+    def _live_bytes(self, tid: int) -> int | None:
+        storage = self.ids.storage(tid)
+        return None if storage is None else storage.nbytes()
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        out = super().__enter__()
+        self._patch(torch, "save", self._save)
+        return out
+
+    def _save(self, save: Any) -> Any:
+        executor = self
+
+        def save_resident(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            with executor.resident_for(obj):
+                return save(obj, *args, **kwargs)
+
+        return save_resident
+
     def __exit__(self, *exc: Any) -> None:
+        """Bring every tensor back; those that cannot be stay in ``moved``, their errors in
+        ``restore_errors`` (``runtime.api.offload`` keeps their bytes and names them)."""
+        self.restore_errors: list[StorageIOError] = []
         try:
-            self._drain()
-            self.restore_all()
+            self._drain(self.restore_errors)
+            self.restore_all(self.restore_errors)
         finally:
             super().__exit__(*exc)
+
+
+class _Sink:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (b for b in a if isinstance(b, torch.Tensor))

@@ -34,8 +34,11 @@ def load_profile(path: Path | None) -> Any:
 
 
 def hardware_from_options(profile: Any, gpu_mem: str | None, ssd_bw: str, ssd_read_bw: str | None,
-                          ssd_write_bw: str | None, host_mem: str, host_bw: str) -> Any:
-    """A ``planner.Hardware`` from the command-line strings; exits 2 naming a bad value."""
+                          ssd_write_bw: str | None, host_mem: str, host_bw: str,
+                          problems: list[Any] | None = None) -> Any:
+    """A ``planner.Hardware`` from the command-line strings; exits 2 naming a bad value.
+    ``problems`` (the ranks' planning problems) resolve ``--gpu-mem 50%`` and ``min``; they
+    are made from ``profile`` when not given."""
     from planner import Hardware
     from teraio.units import parse_bandwidth, parse_size
 
@@ -50,6 +53,8 @@ def hardware_from_options(profile: Any, gpu_mem: str | None, ssd_bw: str, ssd_re
         if not known:
             fail("--gpu-mem is required: the profile does not record the device's memory (e.g. --gpu-mem 80G)")
         gpu_bytes = int(known)
+    elif gpu_mem.strip().lower() == "min" or gpu_mem.strip().endswith("%"):
+        gpu_bytes = _relative_budget(gpu_mem.strip().lower(), problems or _problems(profile))
     else:
         gpu_bytes = parse("--gpu-mem", parse_size, gpu_mem)
     ssd = parse("--ssd-bw", parse_bandwidth, ssd_bw)
@@ -60,6 +65,28 @@ def hardware_from_options(profile: Any, gpu_mem: str | None, ssd_bw: str, ssd_re
         host_bw_bytes_per_s=parse("--host-bw", parse_bandwidth, host_bw),
         host_mem_bytes=parse("--host-mem", parse_size, host_mem, allow_zero=True),
     )
+
+
+def _problems(profile: Any) -> list[Any]:
+    from planner import problem_from_profile
+
+    return [problem_from_profile(profile, rank) for rank in profile.ranks]
+
+
+def _relative_budget(text: str, problems: list[Any]) -> int:
+    """``--gpu-mem min``: the smallest capacity any plan can meet on every rank; ``N%``: that
+    share of the largest rank's profiled peak."""
+    from planner.problem import resident_need_bytes
+
+    if text == "min":
+        return max(int(resident_need_bytes(p).max()) for p in problems if p.num_ops)
+    try:
+        share = float(text.removesuffix("%")) / 100
+    except ValueError:
+        share = float("nan")
+    if not 0 < share <= 10:
+        fail(f"--gpu-mem: bad share {text!r}: give a percentage of the profiled peak, e.g. 50%")
+    return int(share * max(int(p.memory_bytes.max()) for p in problems if p.num_ops))
 
 
 def _pct(x: float) -> str:
@@ -145,7 +172,9 @@ def compare_policies(profile: Any, problem: Any, hw: Any, rank_plan: Any, rank: 
 def plan(
     profile: Annotated[Path | None, PROFILE_ARG] = None,
     gpu_mem: Annotated[str | None, typer.Option(
-        help=f"Device memory to fit in, e.g. 80G. {_SIZE_HELP} Default: the profiled device's.",
+        help=f"Device memory to fit in, e.g. 80G ({_SIZE_HELP}); or a share of the profiled peak, "
+             "e.g. 50%; or min, the smallest capacity any plan can meet. Default: the profiled "
+             "device's.",
         show_default=False)] = None,
     ssd_bw: Annotated[str, typer.Option(help="SSD bandwidth each way in GB/s (1e9 bytes/s).")] = "16",
     ssd_read_bw: Annotated[str | None, typer.Option(
@@ -186,7 +215,15 @@ def plan(
     if not ssd_endurance_pbw > 0:
         fail(f"--ssd-endurance-pbw must be positive, not {ssd_endurance_pbw:g}")
     prof = load_profile(profile)
-    hw = hardware_from_options(prof, gpu_mem, ssd_bw, ssd_read_bw, ssd_write_bw, host_mem, host_bw)
+    problems = {rank: problem_from_profile(prof, rank) for rank in prof.ranks}
+    hw = hardware_from_options(prof, gpu_mem, ssd_bw, ssd_read_bw, ssd_write_bw, host_mem, host_bw,
+                               list(problems.values()))
+    if gpu_mem is not None and gpu_mem.strip().lower() == "min":
+        info(f"--gpu-mem min: planning for {hw.gpu_mem_bytes:,} bytes ({_mib(hw.gpu_mem_bytes)}), the "
+             "smallest capacity any plan can meet")
+    elif gpu_mem is not None and gpu_mem.strip().endswith("%"):
+        info(f"--gpu-mem {gpu_mem.strip()}: planning for {hw.gpu_mem_bytes:,} bytes ({_mib(hw.gpu_mem_bytes)}) "
+             "of the profiled peak")
     if prof.meta.get("device_type") == "cpu":
         warn("this profile ran on the CPU: there the transfers are copied by the cores that train, "
              "which the predicted time does not count (measured against 1.00x predicted on a 2-core "
@@ -194,8 +231,7 @@ def plan(
              "on a GPU the copies run beside the compute")
     rank_plans = {}
     comparison: dict[str, Any] = {}
-    for rank in prof.ranks:
-        problem = problem_from_profile(prof, rank)
+    for rank, problem in problems.items():
         info(f"planning rank {rank}: {problem.num_ops:,} ops, {problem.num_periods:,} inactive periods")
         try:
             rank_plans[rank] = plan_rank(problem, hw, progress=lambda line: info(f"planning: {line}"))

@@ -111,14 +111,17 @@ def profile(
         iters = 1 if fake else 2
 
     from profiles import write_profile
+    from teraio.console import teraio_warnings
     from torch_patch import ProfileComplete, ScriptFailed, Tracer, run_script
+    from torch_patch.tracer import IrregularIterations
 
     def progress(s: dict[str, Any]) -> None:
-        what = "recorded" if s["recorded"] else "warm-up"
+        what = "recorded" if s["recorded"] else "warm-up" if s["time_us"] is None else "set aside"
         took = ""
         if s["time_us"] is not None:
             took = f", {s['time_us'] / 1e3:.1f} ms" + (" predicted" if fake else "")
-        info(f"iteration {s['iteration']} ({what}): {s['num_ops']} ops{took}")
+        why = f"; it {s['skipped']}" if s["skipped"] else ""
+        info(f"iteration {s['iteration']} ({what}): {s['num_ops']} ops{took}{why}")
 
     if cost_model is not None:
         from torch_patch.fake import FakeTracer
@@ -130,7 +133,7 @@ def profile(
     args = list(script_args or [])
     completed = False
     try:
-        with tracer:
+        with teraio_warnings(), tracer:
             if train_cfg is not None:
                 from torch_patch.builtin_train import train
 
@@ -140,6 +143,8 @@ def profile(
                 run_script(script, args)
     except ProfileComplete:
         completed = True
+    except IrregularIterations as exc:
+        fail(f"{exc}; no profile written", EXIT_BAD_INPUT)
     except ScriptFailed as exc:
         hint = " (in fake mode: see `teraio profile --help` for what a script needs)" if fake else ""
         fail(f"{script} failed (exit status {exc.exit_code}){hint}; no profile written", exc.exit_code)
@@ -147,6 +152,10 @@ def profile(
         fail("interrupted; no profile written", 130)
     if not completed:
         seen = tracer.iteration
+        irregular = tracer.irregular_message()
+        if irregular is not None:
+            fail(f"{script} ended after {seen} iterations and {irregular}; no profile written",
+                 EXIT_BAD_INPUT)
         if seen == 0:
             fail(f"no iteration boundary seen: {script} ended without stepping a torch.optim "
                  "optimizer; call teraio.mark_iteration() at the end of each training step",
@@ -162,9 +171,13 @@ def profile(
         meta["builtin_model"] = {**dataclasses.asdict(train_cfg),
                                  "num_micro_batches": train_cfg.num_micro_batches}
     prof = tracer.profile(meta)
-    if not prof.meta["iterations_identical"]:
-        info("warning: the recorded iterations differ in ops or tensors; "
-             "plans follow the first one")
+    for skipped in prof.meta["skipped_iterations"]:
+        info(f"iteration {skipped['iteration']} is not in the profile: {skipped['reason']} (an "
+             "evaluation or checkpoint between steps? `teraio run` runs such iterations on demand)")
+    not_resizable = int((~prof.tensors["resizable"]).sum())
+    if not_resizable:
+        info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory or DLPack "
+             "memory): they stay in memory")
     if out_dir.exists():
         shutil.rmtree(out_dir)
     path = write_profile(prof, out_dir, force=True)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from teraio.console import EXIT_BAD_INPUT, EXIT_FAILED, fail, info
+from teraio.console import EXIT_BAD_INPUT, EXIT_FAILED, fail
 
 __all__ = ["run"]
 
@@ -31,6 +31,13 @@ def _summary(r: dict[str, Any]) -> str:
         f"{r['on_demand_fetches']}, written {_mib(sum(r['bytes_written'].values()))}, read "
         f"{_mib(sum(r['bytes_read'].values()))}",
     ]
+    if r["unfollowed_iterations"]:
+        its = ", ".join(str(u["iteration"]) for u in r["unfollowed_iterations"])
+        lines.append(f"iterations that ran on demand (their ops left the plan): {its}; the peak above "
+                     "is that of the iterations that followed it")
+    if r["compiled"]:
+        lines.append(f"torch.compile ({', '.join(r['compiled'])}) ran eagerly under teraio: results "
+                     "match the eager model's")
     if r["first_iteration_peak_bytes"] is not None:
         budget = r["first_iteration_budget_bytes"]
         lines.insert(1, f"iteration 0 (set-up, optimizer state made): peak tracked memory "
@@ -78,29 +85,32 @@ def run(
         fail(f"no such script: {script}")
     if backend not in ("auto", "posix", "host", "kvikio"):
         fail(f"--backend must be auto, posix, host or kvikio, not {backend!r}")
+    from planner.errors import PlanFormatError
+    from planner.plan import load_plan
     from profiles.errors import TeraioError
-    from runtime.api import PlanFileError, load_run_plan, offload, run_report
-    from runtime.errors import PlanMismatchError, StorageIOError
+    from runtime.api import offload, run_report
+    from runtime.errors import PlanMismatchError, StorageIOError, SwapKeptError
+    from teraio.console import teraio_warnings
     from teraio.units import parse_size
     from torch_patch import ScriptFailed, run_script
 
     try:
-        host_bytes = parse_size(host_mem) if host_mem is not None else None
-        run_plan = load_run_plan(plan)
-    except (ValueError, PlanFileError) as exc:
+        host_bytes = parse_size(host_mem, allow_zero=True) if host_mem is not None else None
+        run_plan = load_plan(plan)
+    except (ValueError, PlanFormatError) as exc:
         fail(str(exc))
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
-        with offload(run_plan, swap_dir=swap_dir, backend=backend,
-                     host_mem_bytes=host_bytes) as executor:
+        with teraio_warnings(), offload(run_plan, swap_dir=swap_dir, backend=backend,
+                                        host_mem_bytes=host_bytes) as executor:
             try:
                 run_script(script, list(script_args or []), passthrough=(TeraioError,))
             finally:
                 out["executor"] = executor
     except PlanMismatchError as exc:
         fail(str(exc), EXIT_BAD_INPUT)
-    except StorageIOError as exc:
+    except (StorageIOError, SwapKeptError) as exc:
         fail(str(exc), EXIT_FAILED)
     except ScriptFailed as exc:
         fail(f"{script} failed (exit status {exc.exit_code})", exc.exit_code)
@@ -109,8 +119,6 @@ def run(
     except (RuntimeError, OSError) as exc:
         fail(str(exc), EXIT_FAILED)
     r = run_report(out["executor"], run_plan, time.perf_counter() - t0)
-    if r["diverged_at"]:
-        info(f"the op stream left the plan at {r['diverged_at']}; the rest ran on demand")
     print(_summary(r), file=sys.stderr)
     if report is not None:
         report.write_text(json.dumps(r, indent=2) + "\n")

@@ -1,13 +1,7 @@
 """Storage identity (DESIGN.md section 4): ids from the op stream, never from ``data_ptr``.
 
-* persistent storages (parameters, buffers, optimizer state, gradients that
-  stay allocated) are named from the model and optimizer and numbered
-  ``0, 1, ...`` in a stable order (``persistent_names``);
-* a storage an op produces is ``produced_id(op_index, output_position)``;
-* a storage first seen as an op input that nothing in the iteration produced
-  is ``input_id(op_index, tensor_argument_position)``;
-* a transient storage alive at an iteration boundary gets ``CARRIED_FLAG``
-  added to its id.
+The id scheme itself is in ``profiles.ids``; this module names the persistent
+storages of a model and optimizer, and keeps the map of live storages to ids.
 
 The Python ``UntypedStorage`` object of a storage lives exactly as long as the
 storage itself (PyTorch preserves it), so ``id()`` of it is a stable key while
@@ -22,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from profiles.ids import CARRIED_FLAG, INPUT_BASE, PRODUCED_BASE, input_id, produced_id
+
 __all__ = [
     "CARRIED_FLAG",
     "INPUT_BASE",
@@ -32,22 +28,6 @@ __all__ = [
     "persistent_names",
     "produced_id",
 ]
-
-PRODUCED_BASE = 1 << 40
-INPUT_BASE = 2 << 40
-# Set on the id of a transient storage that outlives an iteration boundary, so
-# that it never collides with the ids the next iteration gives (see NOTE
-# [ Carried storages ] in torch_patch.tracer).
-CARRIED_FLAG = 1 << 47
-_POS_BITS = 16  # up to 65536 tensors per op (foreach ops over every parameter)
-
-
-def produced_id(op_index: int, position: int) -> int:
-    return PRODUCED_BASE + (op_index << _POS_BITS) + position
-
-
-def input_id(op_index: int, position: int) -> int:
-    return INPUT_BASE + (op_index << _POS_BITS) + position
 
 
 @dataclass(frozen=True)

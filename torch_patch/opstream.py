@@ -10,17 +10,36 @@ optimizer has stepped since the last boundary, so several optimizers and
 gradient accumulation both work) or from ``teraio.mark_iteration()``, which
 once called replaces the optimizer rule.
 
+NOTE [ Data loading is not counted ]: a ``DataLoader`` makes its batches with
+ops whose number changes from step to step (with worker processes, the main
+thread rebuilds each batch from shared memory when it arrives, and batches
+arrive early or late; a new epoch seeds its sampler). Those ops run uncounted
+(``uncounted``), on the training thread only, so a batch is a storage born
+outside the traced ops: it gets an input id where an op first uses it, the
+same every step.
+
+NOTE [ Compiled code ]: a ``TorchDispatchMode`` does not see inside compiled
+(inductor) graphs; while one is active, ``torch.compile``d code runs eagerly.
+Under teraio it therefore computes what the eager model computes (bit for bit),
+not what the compiled model does. The stream notes every ``torch.compile``
+call and compiled module it sees (``compiled``) and says so once
+(``on_compiled``).
+
 The tensor loop is written out by hand: a ``tree_flatten`` recorder measured
 25-45 us per op on these machines against 7-13 us for a lean one.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.data.dataloader as _dataloader
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
@@ -41,6 +60,15 @@ __all__ = ["OpInfo", "OpStream", "active_stream", "mark_iteration"]
 
 _ACTIVE: list[OpStream] = []
 _Tensor = torch.Tensor
+
+
+def _compiled_module_name(module: torch.nn.Module) -> str | None:
+    """The compiled model's class name if ``module`` is a ``torch.compile``d module. (Dynamo
+    is imported by whoever compiled it; importing it here would cost 1.6 s of start-up.)"""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None or not isinstance(module, eval_frame.OptimizedModule):
+        return None
+    return type(module._orig_mod).__name__
 
 
 def active_stream() -> OpStream | None:
@@ -90,9 +118,11 @@ class OpStream(TorchDispatchMode):
         self._stepped: set[int] = set()
         self._in_optimizer = 0
         self._explicit = False
-        self.uncounted = 0  # above 0: ops pass through uncounted (see torch_patch.fake)
+        self.uncounted = 0  # above 0: ops pass through uncounted (torch_patch.fake, data loading)
+        self.compiled: list[str] = []  # NOTE [ Compiled code ]
         self._handles: list[Any] = []
-        self._orig_opt_init: Any = None
+        self._patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+        self._thread = threading.get_ident()
 
     # ---- hooks for subclasses -------------------------------------------------
     def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -117,14 +147,29 @@ class OpStream(TorchDispatchMode):
     def begin_iteration(self) -> None:
         """Called after a boundary, with ``self.iteration`` already advanced."""
 
+    def run_uncounted(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run an op that is not counted (NOTE [ Data loading is not counted ])."""
+        return func(*args, **kwargs)
+
+    def on_compiled(self, what: str) -> None:
+        """``torch.compile`` was called on ``what``, or a compiled module ran (NOTE [ Compiled
+        code ]); the first time, say what happens to it."""
+        if len(self.compiled) == 1:
+            warnings.warn(
+                f"teraio: torch.compile ({what}): compiled code runs eagerly under teraio (its "
+                "dispatch mode does not see inside compiled graphs), so results match the eager "
+                "model's, not the compiled one's; see docs/compile.md", RuntimeWarning, stacklevel=3)
+
     # ---- the dispatch mode ----------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = _op_info(func)
-        if info.skip or self.uncounted:
+        if info.skip:
             return func(*args, **kwargs)
+        if self.uncounted:
+            return self.run_uncounted(func, args, kwargs)
         index = self.op_index
         self.op_index = index + 1
         ids = self.ids
@@ -141,6 +186,11 @@ class OpStream(TorchDispatchMode):
         for key, a in kwargs.items():
             if isinstance(a, _Tensor):
                 pos = self._input(index, pos, a, key in info.mutable_kwargs, inputs, ids)
+            elif isinstance(a, (list, tuple)):
+                w = key in info.mutable_kwargs
+                for b in a:
+                    if isinstance(b, _Tensor):
+                        pos = self._input(index, pos, b, w, inputs, ids)
 
         out = self.run_op(index, func, args, kwargs, inputs)
 
@@ -271,7 +321,15 @@ class OpStream(TorchDispatchMode):
         return name
 
     def _fwd_pre(self, module: torch.nn.Module, _args: Any) -> None:
+        compiled = _compiled_module_name(module)
+        if compiled is not None:
+            self._note_compiled(compiled)
         self.module_stack.append(self._module_name(module))
+
+    def _note_compiled(self, what: str) -> None:
+        if what not in self.compiled:
+            self.compiled.append(what)
+            self.on_compiled(what)
 
     def _fwd_post(self, _module: torch.nn.Module, _args: Any, _out: Any) -> None:
         if self.module_stack:
@@ -285,24 +343,62 @@ class OpStream(TorchDispatchMode):
             register_optimizer_step_pre_hook(self._step_pre),
             register_optimizer_step_post_hook(self._step_post),
         ]
-        orig = self._orig_opt_init = torch.optim.Optimizer.__init__
-        stream = self
-
-        def init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-            orig(opt, *args, **kwargs)
-            stream._register_optimizer(opt)
-
-        torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign,assignment]
+        self._patch(torch.optim.Optimizer, "__init__", self._registering)
+        self._thread = threading.get_ident()
+        self._patch(_dataloader.DataLoader, "__iter__", self._uncounted)
+        self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._uncounted)
+        self._patch(torch, "compile", self._compile)
         _ACTIVE.append(self)
         return super().__enter__()
+
+    def _patch(self, owner: Any, name: str, wrap: Any) -> None:
+        original = getattr(owner, name)
+        self._patches.append((owner, name, original))
+        setattr(owner, name, wrap(original))
+
+    def _uncounted(self, method: Any) -> Any:
+        """``method`` with its ops uncounted on the training thread (NOTE [ Data loading is not
+        counted ])."""
+        stream = self
+
+        def uncounted(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != stream._thread:
+                return method(*args, **kwargs)
+            stream.uncounted += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                stream.uncounted -= 1
+
+        return uncounted
+
+    def _registering(self, init: Any) -> Any:
+        stream = self
+
+        def registering(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+            init(opt, *args, **kwargs)
+            stream._register_optimizer(opt)
+
+        return registering
+
+    def _compile(self, compile_: Any) -> Any:
+        stream = self
+
+        def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if model is not None:
+                name = getattr(model, "__qualname__", None) or type(model).__name__
+                stream._note_compiled(str(name))
+            return compile_(model, *args, **kwargs)
+
+        return compile
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
         if self in _ACTIVE:
             _ACTIVE.remove(self)
-        if self._orig_opt_init is not None:
-            torch.optim.Optimizer.__init__ = self._orig_opt_init  # type: ignore[method-assign]
-            self._orig_opt_init = None
+        for owner, name, original in reversed(self._patches):
+            setattr(owner, name, original)
+        self._patches = []
         for h in self._handles:
             h.remove()
         self._handles = []

@@ -1,12 +1,22 @@
 """The profiling tracer: records ops, their timing and every storage access.
 
 ``Tracer`` skips ``warmup`` iterations (iteration 0 creates optimizer state),
-records ``iters`` iterations and then raises ``ProfileComplete`` out of the
-optimizer step (or ``mark_iteration``) that ended the last one, which stops
-the training script. ``Tracer.profile()`` returns the recorded ``Profile``,
-with iteration 0, from the moment the tracer is entered, as its ``first``
-part (NOTE [ The first iteration ] in ``profiles.model``).
-Op timing is wall time on CPU and CUDA events on GPU.
+records until ``iters`` iterations are alike and then raises
+``ProfileComplete`` out of the optimizer step (or ``mark_iteration``) that
+ended the last one, which stops the training script. ``Tracer.profile()``
+returns the recorded ``Profile``, with iteration 0, from the moment the tracer
+is entered, as its ``first`` part (NOTE [ The first iteration ] in
+``profiles.model``). Op timing is wall time on CPU and CUDA events on GPU.
+
+NOTE [ Steady iterations ]: a real loop is not all alike: an evaluation, a
+log line or a checkpoint save between steps adds ops to the iteration it
+falls in, and tensor sizes may change from step to step (dynamic padding).
+The tracer groups the recorded iterations by their *shape* (op names, tensor
+rows, accesses) and keeps the first group that reaches ``iters`` members; the
+others are skipped, each with the reason it differs. When ``max_skipped``
+iterations have been skipped and no group is complete, it raises
+``IrregularIterations`` saying what differed and what to do, so that no
+profile holds iterations its reader would reject.
 """
 
 from __future__ import annotations
@@ -21,11 +31,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from profiles import Profile
+from profiles import Profile, TeraioError
 from torch_patch.identity import CARRIED_FLAG, INPUT_BASE, PRODUCED_BASE
 from torch_patch.opstream import OpInfo, OpStream
 
-__all__ = ["IterationSummary", "ProfileComplete", "Tracer", "signature_of"]
+__all__ = ["IrregularIterations", "IterationSummary", "ProfileComplete", "Tracer", "signature_of"]
 
 _READ, _WRITE = 0, 1
 
@@ -34,8 +44,45 @@ class ProfileComplete(BaseException):  # noqa: N818 (a control-flow signal, not 
     """Raised out of the training script once the requested iterations are recorded."""
 
 
+class IrregularIterations(TeraioError):
+    """No ``iters`` recorded iterations were alike (NOTE [ Steady iterations ])."""
+
+
 class IterationSummary(dict[str, Any]):
-    """What ``on_iteration`` receives: iteration, recorded, num_ops, time_us, peak_bytes."""
+    """What ``on_iteration`` receives: iteration, recorded (kept in the profile so far),
+    skipped (a reason, if it differs from the others), num_ops, time_us."""
+
+
+Tables = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]  # kernels, tensors, accesses
+
+
+def _shape_key(tables: Tables) -> str:
+    """What two iterations must share to be one profile's: op names, tensor rows, accesses."""
+    kernels, tensors, accesses = tables
+    h = hashlib.sha256()
+    h.update("\n".join(kernels["op_name"]).encode())
+    for col in ("tensor_id", "size_bytes", "alloc_op", "free_op"):
+        h.update(tensors[col].to_numpy(np.int64).tobytes())
+    for col in ("op_index", "tensor_id"):
+        h.update(accesses[col].to_numpy(np.int64).tobytes())
+    return h.hexdigest()
+
+
+def _difference(a: Tables, b: Tables) -> tuple[str, bool]:
+    """How iteration tables ``b`` differ from ``a``, in words, and whether only sizes differ."""
+    names_a, names_b = a[0]["op_name"].tolist(), b[0]["op_name"].tolist()
+    if names_a != names_b:
+        k = next((i for i, (x, y) in enumerate(zip(names_a, names_b, strict=False)) if x != y),
+                 min(len(names_a), len(names_b)))
+        what = (f"op {k} is {names_b[k]}, not {names_a[k]}" if k < min(len(names_a), len(names_b))
+                else f"it has {len(names_b)} ops, not {len(names_a)}")
+        return what, False
+    sizes_a = dict(zip(a[1]["tensor_id"], a[1]["size_bytes"], strict=True))
+    sizes_b = dict(zip(b[1]["tensor_id"], b[1]["size_bytes"], strict=True))
+    for tid in sorted(set(sizes_a) & set(sizes_b)):
+        if sizes_a[tid] != sizes_b[tid]:
+            return f"tensor {tid} has {sizes_b[tid]:,} bytes, not {sizes_a[tid]:,}", True
+    return "the same ops use other tensors, or tensors live at other ops", False
 
 
 def signature_of(op_names: list[str], sizes: dict[int, int]) -> str:
@@ -72,6 +119,7 @@ class Tracer(OpStream):
         iters: int = 2,
         on_iteration: Callable[[IterationSummary], None] | None = None,
         cuda_timing: bool | None = None,
+        max_skipped: int = 4,
     ) -> None:
         super().__init__()
         if warmup < 1:
@@ -80,17 +128,20 @@ class Tracer(OpStream):
             raise ValueError("iters must be at least 1")
         self.warmup = warmup
         self.iters = iters
+        self.max_skipped = max_skipped
         self.on_iteration = on_iteration
         self.cuda_timing = torch.cuda.is_available() if cuda_timing is None else cuda_timing
         self.sizes: dict[int, int] = {}
         self.dtypes: dict[int, str] = {}
         self.kinds: dict[int, str] = {}
         self.names: dict[int, str | None] = {}
+        self.resizable: dict[int, bool] = {}
         self.alloc_phase: dict[int, str] = {}
-        self.done: list[tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]] = []
-        self.first: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None  # iteration 0
+        self.done: list[Tables] = []  # the steady iterations kept (NOTE [ Steady iterations ])
+        self.groups: dict[str, list[tuple[int, Tables]]] = {}  # shape -> (iteration, tables)
+        self.skipped: list[dict[str, Any]] = []  # {"iteration", "reason"} of those not kept
+        self.first: Tables | None = None  # iteration 0
         self.first_carried: dict[int, int] = {}  # steady id -> its id in iteration 1, made in 0
-        self.consistent = True
         self._rec: _Iteration | None = None
         self._t0 = time.perf_counter_ns()
         self._now = time.perf_counter_ns
@@ -155,8 +206,10 @@ class Tracer(OpStream):
                 acc_kind.append(_WRITE)
 
     def _note(self, tid: int, t: torch.Tensor) -> None:
-        self.sizes[tid] = t.untyped_storage().nbytes()
+        storage = t.untyped_storage()
+        self.sizes[tid] = storage.nbytes()
         self.dtypes[tid] = str(t.dtype).removeprefix("torch.")
+        self.resizable[tid] = storage.resizable()
 
     def on_free(self, tensor_id: int) -> None:
         rec = self._rec
@@ -188,23 +241,59 @@ class Tracer(OpStream):
     def end_iteration(self) -> None:
         rec = self._rec
         recorded = self.iteration >= self.warmup
+        summary = IterationSummary(iteration=self.iteration, recorded=False, skipped=None,
+                                   num_ops=self.op_index, time_us=None)
         if rec is not None:
             tables = self._close(rec)
+            self._rec = None
             if self.iteration == 0:
                 self.first = tables
             elif recorded:
-                self._check_consistent(tables)
-                self.done.append(tables)
-            self._rec = None
+                k = tables[0]
+                summary["time_us"] = float((k["start_us"] + k["duration_us"]).max()) if len(k) else 0.0
+                self._keep(tables, summary)
         if self.on_iteration is not None:
-            k = self.done[-1][0] if recorded else None
-            self.on_iteration(IterationSummary(
-                iteration=self.iteration, recorded=recorded, num_ops=self.op_index,
-                time_us=float((k["start_us"] + k["duration_us"]).max()) if k is not None
-                and len(k) else None,
-            ))
+            self.on_iteration(summary)
         if len(self.done) >= self.iters:
             raise ProfileComplete
+
+    def _keep(self, tables: Tables, summary: IterationSummary) -> None:
+        """File a recorded iteration by its shape (NOTE [ Steady iterations ])."""
+        group = self.groups.setdefault(_shape_key(tables), [])
+        group.append((self.iteration, tables))
+        if len(group) >= self.iters:
+            self.done = [t for _, t in group]
+            kept = {it for it, _ in group}
+            self.skipped = [{"iteration": it, "reason": _difference(group[0][1], t)[0]}
+                            for g in self.groups.values() for it, t in g if it not in kept]
+        biggest = max(self.groups.values(), key=len)
+        summary["recorded"] = group is biggest
+        if group is not biggest:
+            summary["skipped"] = f"differs from iteration {biggest[0][0]}: {_difference(biggest[0][1], tables)[0]}"
+        if not self.done and sum(len(g) for g in self.groups.values()) - len(biggest) > self.max_skipped:
+            raise IrregularIterations(self.irregular_message())
+
+    def irregular_message(self) -> str | None:
+        """Why the recorded iterations are not alike, and what to do; None if they are."""
+        if len(self.groups) < 2:
+            return None
+        groups = sorted(self.groups.values(), key=lambda g: g[0][0])
+        (first_it, a), (other_it, b) = groups[0][0], groups[1][0]
+        what, sizes_only = _difference(a, b)
+        counted = ", ".join(f"{len(g)} like iteration {g[0][0]}" for g in groups)
+        if sizes_only:
+            advice = ("tensor sizes change from step to step (dynamic padding or variable-length "
+                      "batches?): pad or bucket the batches to one fixed shape (e.g. padding="
+                      "'max_length' with a tokenizer) and profile again; planning for several "
+                      "shapes is not supported yet")
+        else:
+            advice = ("the ops differ between steps (an evaluation, logging or a checkpoint every "
+                      "few steps?): profile a stretch of steps that are alike (raise --warmup past "
+                      "the irregular ones, or run more steps), or call teraio.mark_iteration() "
+                      "where each step ends")
+        return (f"no {self.iters} of the {sum(len(g) for g in groups)} recorded iterations are "
+                f"alike ({counted}); iteration {other_it} differs from iteration {first_it}: "
+                f"{what}; {advice}")
 
     def _align_carried(self, rec: _Iteration) -> dict[int, int]:
         """Give storages carried in from the previous iteration the ids of their successors.
@@ -217,15 +306,24 @@ class Tracer(OpStream):
         makes that outlive it (and get no persistent name): in steady state
         these are the same variables, so both copies share one id and its
         lifetime wraps (NOTE [ Wrapping lifetimes ] in ``profiles.schema``).
-        Pairing by order also maps iteration 0, whose op indices include the
-        script's set-up, onto the steady state.
+        A carried storage made at the same op and position as one this
+        iteration makes is paired with it first (in steady state both are that
+        op's output); the rest are paired by order, which also maps iteration 0,
+        whose op indices include the script's set-up, onto the steady state.
         """
         prev = sorted(t for t in rec.carried if t & CARRIED_FLAG and t in rec.frees)
         new = sorted(t for t in rec.alloc
                      if t >= PRODUCED_BASE and t not in rec.frees and t not in self.labels)
-        if not prev or len(prev) != len(new):
+        # First by position: made at the same op and position in the iteration before.
+        made = set(new)
+        rename = {t: t & ~CARRIED_FLAG for t in prev if t & ~CARRIED_FLAG in made}
+        paired = set(rename.values())
+        prev = [t for t in prev if t not in rename]
+        new = [t for t in new if t not in paired]
+        if prev and len(prev) == len(new):
+            rename.update(zip(prev, new, strict=True))
+        if not rename:
             return {}
-        rename = dict(zip(prev, new, strict=True))
         rec.carried = {rename.get(t, t): n for t, n in rec.carried.items()}
         rec.frees = {rename.get(t, t): f for t, f in rec.frees.items()}
         rec.acc_tid = [rename.get(t, t) for t in rec.acc_tid]
@@ -255,17 +353,6 @@ class Tracer(OpStream):
             "access": np.array(["read", "write"])[np.asarray(rec.acc_kind, np.int64)],
         }).drop_duplicates(ignore_index=True)
         return kernels, self._tensor_rows(rec, rec.phases), accesses
-
-    def _check_consistent(self, tables: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]) -> None:
-        if self.done:
-            k0, t0, _ = self.done[0]
-            kernels, tensors, _ = tables
-            same = (
-                k0["op_name"].tolist() == kernels["op_name"].tolist()
-                and t0[["tensor_id", "size_bytes", "alloc_op", "free_op"]].equals(
-                    tensors[["tensor_id", "size_bytes", "alloc_op", "free_op"]])
-            )
-            self.consistent = self.consistent and same
 
     def _kind(self, tid: int, alloc_phase: str | None, free_phase: str | None) -> str:
         if tid in self.persistent:
@@ -298,11 +385,11 @@ class Tracer(OpStream):
                 0, tid, self.sizes[tid], self._kind(tid, self.alloc_phase.get(tid), free_phase),
                 self.dtypes.get(tid, "uint8"), name,
                 alloc < 0 and free < 0 or (alloc >= 0 and 0 <= free <= alloc),
-                alloc, free,
+                alloc, free, self.resizable.get(tid, True),
             ))
         return pd.DataFrame(rows, columns=[
             "rank", "tensor_id", "size_bytes", "kind", "dtype", "name", "persistent",
-            "alloc_op", "free_op",
+            "alloc_op", "free_op", "resizable",
         ])
 
     # ---- result -------------------------------------------------------------------
@@ -324,7 +411,9 @@ class Tracer(OpStream):
             "world_size": 1,
             "ranks": [0],
             "iterations": [int(i) for i in kernels["iteration"].unique()],
-            "iterations_identical": self.consistent,
+            "iterations_identical": True,  # NOTE [ Steady iterations ]
+            "skipped_iterations": self.skipped,
+            "compiled": list(self.compiled),
             "torch_version": torch.__version__,
             "python_version": sys.version.split()[0],
             "signature": signature_of(k0["op_name"].tolist(), sizes),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from planner import Hardware, PlanFormatError, build_plan, load_plan, plan_rank, problem_from_profile, save_plan
 from planner.plan import Plan
 from profiles.synthetic import synthetic_profile
+from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def test_round_trip(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
     back = load_plan(path)
     assert back == plan
     doc = json.loads(path.read_text())
-    assert doc["format"] == "teraio-plan/1"
+    assert doc["format"] == "teraio-plan/2"
     assert set(doc) >= {"signature", "parameters", "summary", "ranks", "op_names", "num_ops"}
     assert set(doc["summary"]) >= {"peak_before_bytes", "peak_after_bytes", "predicted_iteration_us",
                                    "ideal_iteration_us", "stall_us", "bytes_to_ssd", "bytes_to_host"}
@@ -53,14 +56,8 @@ def test_the_first_iterations_plan_round_trips(tmp_path: Path, plan_doc: tuple[P
     doc = json.loads(path.read_text())
     assert doc["first_iteration"]["parameters"]["gpu_mem_bytes"] == hw.gpu_mem_bytes
     assert "first_iteration" not in doc["first_iteration"]
-    pytest.importorskip("torch")
-    from runtime.api import load_run_plan
-
-    run_plan = load_run_plan(path)
-    assert run_plan.first is not None and run_plan.first.budget_bytes == hw.gpu_mem_bytes
-    assert run_plan.first.carried == {12: 34}
-    assert len(run_plan.first.moves) == len(first.migrations[0]) > 0
-    assert run_plan.first.op_names == list(problem.op_names)
+    assert back.first.budget_bytes == hw.gpu_mem_bytes
+    assert len(back.first.migrations[0]) > 0 and back.first.op_names[0] == list(problem.op_names)
 
 
 def test_migrations_sorted_by_trigger_with_ops_folded_into_the_iteration(plan_doc: tuple[Plan, int]) -> None:
@@ -80,23 +77,40 @@ def test_migrations_sorted_by_trigger_with_ops_folded_into_the_iteration(plan_do
             assert m.trigger_op == (m.period_start_op + 1) % n
 
 
-def test_runtime_loader_reads_it(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
-    pytest.importorskip("torch")
-    from runtime.api import load_run_plan
-
+def test_the_runtime_reads_plans_through_the_planners_model_without_heavy_imports(
+        tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
+    """One reader of plan.json: ``planner.plan``, light enough for the runtime (no numpy,
+    pandas or pyarrow), whose schedule is built from it."""
     plan, n = plan_doc
-    run_plan = load_run_plan(save_plan(plan, tmp_path / "plan.json"))
-    assert len(run_plan.moves) == len(plan.migrations[0])
-    assert run_plan.op_names is not None and len(run_plan.op_names) == n
+    path = save_plan(plan, tmp_path / "plan.json")
+    code = ("import sys, json; from planner.plan import load_plan; from runtime.boundary import Schedule; "
+            f"p = load_plan({str(path)!r}); s = Schedule.of(p, 0); "
+            "print(json.dumps([len(s.op_names), sum(map(len, s.triggers.values())), "
+            "sorted(m for m in ('numpy', 'pandas', 'pyarrow', 'torch') if m in sys.modules)]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [n, len(plan.migrations[0]), []]
+
+
+def test_a_version_1_plan_is_refused_with_what_to_do(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
+    plan, _ = plan_doc
+    doc = plan.to_json()
+    doc["format"] = "teraio-plan/1"
+    doc["parameters"]["profile"] = "profiles/train-1"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanFormatError, match=re.escape("written by an older teraio; make the plan again "
+                                                        "from profiles/train-1 with `teraio plan`")):
+        load_plan(path)
 
 
 @pytest.mark.parametrize(("doc", "problem"), [
     ("[]", "not a JSON object"),
     ('{"format": "teraio-plan/0"}', "format 'teraio-plan/0'"),
-    ('{"format": "teraio-plan/1", "signature": "x"}', "missing field 'ranks'"),
-    ('{"format": "teraio-plan/1", "signature": "x", "ranks": {"0": [{"tensor_id": 1, "size_bytes": 4, '
+    ('{"format": "teraio-plan/2", "signature": "x"}', "missing field 'ranks'"),
+    ('{"format": "teraio-plan/2", "signature": "x", "ranks": {"0": [{"tensor_id": 1, "size_bytes": 4, '
      '"action": "evict", "target": "ssd", "trigger_op": 0, "deadline_op": 1}]}}', "action 'evict'"),
-    ('{"format": "teraio-plan/1", "signature": "x", "op_names": {"0": ["a", "b"]}, "ranks": {"0": '
+    ('{"format": "teraio-plan/2", "signature": "x", "op_names": {"0": ["a", "b"]}, "ranks": {"0": '
      '[{"tensor_id": 1, "size_bytes": 4, "action": "offload", "target": "ssd", "trigger_op": 5, '
      '"deadline_op": 1}]}}', "trigger_op 5 outside [0, 2)"),
     ("{not json", "not valid JSON"),

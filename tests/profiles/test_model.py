@@ -44,7 +44,7 @@ def tiny_profile() -> Profile:
         "rank": 0, "tensor_id": [0, 1, 2], "size_bytes": [100, 10, 1],
         "kind": ["param", "activation", "temporary"], "dtype": "float32",
         "name": ["l1.weight", None, None], "persistent": [True, False, False],
-        "alloc_op": [-1, 0, 1], "free_op": [-1, 4, 3],
+        "alloc_op": [-1, 0, 1], "free_op": [-1, 4, 3], "resizable": True,
     })
     accesses = pd.DataFrame({
         "rank": 0, "iteration": 1, "op_index": [0, 0, 1, 2, 3, 3],
@@ -124,6 +124,34 @@ def test_damaged_and_foreign_files_are_named(tmp_path: Path) -> None:
 
     with pytest.raises(ProfileFormatError, match="no such profile directory"):
         read_profile(tmp_path / "nowhere")
+
+
+def as_version_1(out: Path) -> None:
+    """Rewrite profile ``out`` as teraio 0.1 wrote it: format 1, no ``resizable`` column."""
+    for name in ("kernels", "tensors", "accesses"):
+        table = pq.read_table(out / f"{name}.parquet")
+        if name == "tensors":
+            table = table.drop(["resizable"])
+        pq.write_table(table.replace_schema_metadata({b"format": b"teraio-profile/1"}), out / f"{name}.parquet")
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "format": "teraio-profile/1"}))
+
+
+def test_a_version_1_profile_reads_as_version_2_with_every_storage_resizable(tmp_path: Path) -> None:
+    p = tiny_profile()
+    out = write_profile(Profile(meta=p.meta, kernels=p.kernels, tensors=p.tensors.assign(resizable=[True, False, True]),
+                                accesses=p.accesses), tmp_path / "p")
+    assert list(read_profile(out).tensors["resizable"]) == [True, False, True]
+    as_version_1(out)
+    back = read_profile(out)
+    assert list(back.tensors.columns) == TENSORS_SCHEMA.names
+    assert back.tensors["resizable"].tolist() == [True, True, True]
+    again = write_profile(back, tmp_path / "again")  # written back as version 2
+    assert json.loads((again / "meta.json").read_text())["format"] == FORMAT == "teraio-profile/2"
+    pq.write_table(pq.read_table(out / "kernels.parquet").replace_schema_metadata({b"format": FORMAT.encode()}),
+                   out / "kernels.parquet")
+    with pytest.raises(ProfileFormatError, match="format 'teraio-profile/2', expected 'teraio-profile/1' as in meta"):
+        read_profile(out)
 
 
 def test_wrong_columns_are_refused(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ state machine. Plans from the planner are tested end to end in test_run_cli.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -16,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
+from planner.plan import Migration, Plan
 from profiles import Profile, inactive_periods
-from runtime.api import RunPlan, first_iteration_warning, offload
-from runtime.errors import PlanMismatchError, StorageIOError
-from runtime.executor import FirstPlan, Move
+from runtime.api import first_iteration_warning, offload
+from runtime.errors import PlanMismatchError, StorageIOError, SwapKeptError
 from torch_patch import ProfileComplete, Tracer
 
 
@@ -59,7 +60,23 @@ def extra_op_at(at: int) -> Callable[[int], None]:
     return hook
 
 
-def hand_moves(prof: Profile, min_bytes: int, trailing: bool = False) -> list[Move]:
+def move(tid: int, action: str, trigger: int, deadline: int, size: int, start_op: int = -1,
+         end_op: int = -1, wraps: bool = False, name: str | None = None) -> Migration:
+    return Migration(tensor_id=tid, size_bytes=size, action=action, place="ssd", trigger_op=trigger,
+                     deadline_op=deadline, start_us=None, end_us=None, urgent=False, priority=0,
+                     wraps=wraps, period_start_op=start_op, period_end_op=end_op, name=name)
+
+
+def plan_of(moves: list[Migration], op_names: list[str], budget: int | None = None,
+            first: Plan | None = None, carried: dict[int, int] | None = None,
+            summary: dict[str, Any] | None = None) -> Plan:
+    """A one-rank plan of ``moves`` (the planner's model, as the runtime reads it)."""
+    return Plan(signature="hand", parameters={"gpu_mem_bytes": budget}, summary=summary or {},
+                migrations={0: moves}, op_names={0: op_names}, first=first,
+                carried_into_next={0: carried} if carried is not None else {})
+
+
+def hand_moves(prof: Profile, min_bytes: int, trailing: bool = False) -> list[Migration]:
     """Every idle stretch inside the iteration, with the tightest deadlines; with
     ``trailing``, also every one from a last use to the iteration's end (offload only)."""
     periods = inactive_periods(prof)
@@ -69,10 +86,10 @@ def hand_moves(prof: Profile, min_bytes: int, trailing: bool = False) -> list[Mo
                       & (periods["num_ops"] >= 3) & (periods["size_bytes"] >= min_bytes)]
     moves = []
     for r in periods.itertuples():
-        tid, size = int(r.tensor_id), int(r.size_bytes)
-        moves.append(Move(tid, "offload", "ssd", int(r.start_op) + 1, int(r.start_op) + 2, size))
+        tid, size, start, end = int(r.tensor_id), int(r.size_bytes), int(r.start_op), int(r.end_op)
+        moves.append(move(tid, "offload", start + 1, start + 2, size, start, end))
         if r.reads_back:
-            moves.append(Move(tid, "prefetch", "ssd", int(r.end_op) - 1, int(r.end_op), size))
+            moves.append(move(tid, "prefetch", end - 1, end, size, start, end))
     return moves
 
 
@@ -83,16 +100,20 @@ def traced() -> Profile:
     return tracer.profile({})
 
 
-def hand_plan(prof: Profile | None = None, min_bytes: int = 4096) -> RunPlan:
+def op_names(prof: Profile) -> list[str]:
+    return prof.kernels_of()["op_name"].tolist()
+
+
+def hand_plan(prof: Profile | None = None, min_bytes: int = 4096) -> Plan:
     """The steady iteration's stretches, and iteration 0's with what it leaves alive left out
     (of ``prof``, or of a fresh trace of ``train``)."""
     prof = traced() if prof is None else prof
     moves = hand_moves(prof, min_bytes)
     assert len(moves) > 20 and prof.first is not None
-    first = FirstPlan(hand_moves(prof.first, min_bytes, trailing=True),
-                      prof.first.kernels_of()["op_name"].tolist(), None, {})
-    assert sum(m.action == "offload" for m in first.moves) > sum(m.action == "prefetch" for m in first.moves)
-    return RunPlan("hand", moves, prof.kernels_of()["op_name"].tolist(), None, {}, first=first)
+    first = plan_of(hand_moves(prof.first, min_bytes, trailing=True), op_names(prof.first))
+    first_moves = first.migrations[0]
+    assert sum(m.action == "offload" for m in first_moves) > sum(m.action == "prefetch" for m in first_moves)
+    return plan_of(moves, op_names(prof), first=first)
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +122,12 @@ def profiled() -> Profile:
 
 
 @pytest.fixture(scope="module")
-def plan(profiled: Profile) -> RunPlan:
+def plan(profiled: Profile) -> Plan:
     return hand_plan(profiled)
 
 
 @pytest.mark.parametrize("backend", ["posix", "host"])
-def test_bit_identical_with_offloading(plan: RunPlan, backend: str, tmp_path: Path) -> None:
+def test_bit_identical_with_offloading(plan: Plan, backend: str, tmp_path: Path) -> None:
     expected_losses, expected_params = train(6)
     with offload(plan, backend=backend, swap_dir=tmp_path) as ex:
         losses, params = train(6)
@@ -115,12 +136,12 @@ def test_bit_identical_with_offloading(plan: RunPlan, backend: str, tmp_path: Pa
     assert ex.stats.bytes_read["ssd"] > 0
     # iteration 0 leaves out what it leaves alive; what the steady plan has in comes back
     assert ex.stats.bytes_read["ssd"] <= ex.stats.bytes_written["ssd"]
-    assert not ex.divergence_reported and ex.matched_iterations >= 4
+    assert not ex.unfollowed and ex.matched_iterations >= 4
     assert not list(tmp_path.iterdir())  # swap directory removed
 
 
-def test_offloading_lowers_tracked_peak(plan: RunPlan) -> None:
-    with offload(RunPlan("none", [], plan.op_names, None, {})) as plain:
+def test_offloading_lowers_tracked_peak(plan: Plan) -> None:
+    with offload(plan_of([], plan.op_names[0])) as plain:
         train(4)
     with offload(plan) as ex:
         train(4)
@@ -133,7 +154,7 @@ def test_offloading_lowers_tracked_peak(plan: RunPlan) -> None:
     assert peaks[0] < plain_peaks[0]
 
 
-def test_what_the_first_iteration_left_out_comes_back(plan: RunPlan) -> None:
+def test_what_the_first_iteration_left_out_comes_back(plan: Plan) -> None:
     """Iteration 0's plan leaves out what it leaves alive (parameters, optimizer state); the
     steady plan has them in at the boundary, so they come back there, and all is exact."""
     expected_losses, expected_params = train(4)
@@ -153,18 +174,18 @@ def test_what_the_first_iteration_left_out_comes_back(plan: RunPlan) -> None:
     assert left_out[0] > 0 and left_out[1] == 0
 
 
-def test_a_first_iteration_that_differs_goes_on_on_demand(plan: RunPlan) -> None:
+def test_a_first_iteration_that_differs_goes_on_on_demand(plan: Plan) -> None:
     """An op iteration 0's plan did not see (as under ``offload()`` entered mid-script):
     iteration 0 stops following its plan with one warning, the steady plan is followed."""
     expected = train(5, hook=extra_op_at(0))
-    with pytest.warns(RuntimeWarning, match="iteration 0 left its plan at iteration 0, op"):
+    with pytest.warns(RuntimeWarning, match="iteration 0 left its plan at op"):
         with offload(plan) as ex:
             assert same(train(5, hook=extra_op_at(0)), expected)
-    assert ex.first_left_at is not None and not ex.divergence_reported
+    assert ex.first_left_at is not None and not ex.unfollowed
     assert ex.matched_iterations == 4
 
 
-def test_deleted_swap_file_is_a_named_error(plan: RunPlan, tmp_path: Path) -> None:
+def test_deleted_swap_file_is_a_named_error(plan: Plan, tmp_path: Path) -> None:
     def delete_swap_files(step: int) -> None:
         if step == 3:
             ex._drain()
@@ -179,19 +200,31 @@ def test_deleted_swap_file_is_a_named_error(plan: RunPlan, tmp_path: Path) -> No
     assert not list(tmp_path.iterdir())
 
 
-def test_truncated_swap_file_is_a_named_error(plan: RunPlan, tmp_path: Path) -> None:
+def test_what_cannot_be_restored_at_exit_is_kept_and_named(plan: Plan, tmp_path: Path) -> None:
+    """Truncated swap files: the read that needs one fails with a named error; at exit the
+    tensors that cannot be brought back keep their files (a teraio-kept-* directory with a
+    manifest), and one error names them, chained to the error that ended the run."""
     def truncate_swap_files(step: int) -> None:
         if step == 3:
             ex._drain()
             for f in tmp_path.glob("teraio-swap-*/*.bin"):
                 os.truncate(f, 0)
 
-    with pytest.raises(StorageIOError, match="truncated"):
+    with pytest.raises(SwapKeptError) as caught:
         with offload(plan, swap_dir=tmp_path, backend="posix") as ex:
             train(6, hook=truncate_swap_files)
+    assert isinstance(caught.value.__cause__, StorageIOError)
+    assert "truncated" in str(caught.value.__cause__)
+    (kept,) = caught.value.kept
+    assert kept.parent == tmp_path and kept.name.startswith("teraio-kept-")
+    manifest = json.loads((kept / "kept.json").read_text())
+    files = {f["file"] for f in manifest["files"]}
+    assert files and files == {p.name for p in kept.glob("*.bin")}
+    assert all(f["tensor"] in str(caught.value) for f in manifest["files"])
+    assert not list(tmp_path.glob("teraio-swap-*"))
 
 
-def test_plan_for_another_model_is_refused(plan: RunPlan) -> None:
+def test_plan_for_another_model_is_refused(plan: Plan) -> None:
     def other() -> None:
         torch.manual_seed(0)
         model = torch.nn.Linear(32, 8)
@@ -205,21 +238,25 @@ def test_plan_for_another_model_is_refused(plan: RunPlan) -> None:
             other()
 
 
-def test_divergence_mid_run_falls_back_and_stays_exact(plan: RunPlan) -> None:
+def test_an_iteration_that_leaves_the_plan_runs_on_demand_and_the_next_follows_it(plan: Plan) -> None:
+    """An op the plan did not see in iteration 4 (an evaluation, a log line): iteration 4
+    runs on demand from there, with one warning; iteration 5 follows the plan again."""
     expected = train(7, hook=extra_op_at(4))
-    with pytest.warns(RuntimeWarning, match="left the plan at iteration 4"):
+    with pytest.warns(RuntimeWarning, match="iteration 4, op .*ran on demand"):
         with offload(plan) as ex:
             assert same(train(7, hook=extra_op_at(4)), expected)
-    assert ex.divergence_reported and not ex.moved
+    assert [u["iteration"] for u in ex.unfollowed] == [4]
+    assert ex.stats.iteration_followed == [True, True, True, True, False, True, True]
+    assert not ex.moved
 
 
-def test_offload_entered_after_set_up_says_why_iteration_0_is_not_followed(plan: RunPlan) -> None:
+def test_offload_entered_after_set_up_says_why_iteration_0_is_not_followed(plan: Plan) -> None:
     """The plan's iteration 0 starts with the script's set-up; entered after it, ``offload()``
     says so once and follows the steady plan from iteration 1."""
     expected = train(4)
     model, opt, gen = mlp_and_data()
     losses = []
-    with pytest.warns(RuntimeWarning, match="at iteration 0, op 0: .*entered later"):
+    with pytest.warns(RuntimeWarning, match="iteration 0 left its plan at op 0: .*entered later"):
         with offload(plan) as ex:
             for _ in range(4):
                 loss = model(torch.randn(64, 32, generator=gen)).square().mean()
@@ -228,7 +265,7 @@ def test_offload_entered_after_set_up_says_why_iteration_0_is_not_followed(plan:
                 opt.step()
                 losses.append(loss.item())
     assert same((losses, [p.detach().clone() for p in model.parameters()]), expected)
-    assert ex.first_left_at is not None and ex.matched_iterations == 3 and not ex.divergence_reported
+    assert ex.first_left_at is not None and ex.matched_iterations == 3 and not ex.unfollowed
 
 
 def test_what_iteration_0_hands_on_is_found_by_the_profiles_map(profiled: Profile) -> None:
@@ -244,20 +281,22 @@ def test_what_iteration_0_hands_on_is_found_by_the_profiles_map(profiled: Profil
     last = int(acc[acc["tensor_id"] == x]["op_index"].max())
     base = hand_plan(profiled)
     assert base.first is not None
-    out = Move(x, "offload", "ssd", last + 1, last + 2, 64 * 32 * 4, out_at_boundary=True)
+    n = len(op_names(profiled))
+    out = move(x, "offload", last + 1, last + 2, 64 * 32 * 4, last, n + 1, wraps=True)
+    assert out in dataclasses.replace(base, migrations={0: [out]}).out_at_boundary(0)
     expected_losses, expected_params = train(4)
 
     def run(mapping: dict[int, int], hook: Any = None) -> dict[int, int]:
-        first = dataclasses.replace(base.first, carried=mapping)
+        first = dataclasses.replace(base.first, carried_into_next={0: mapping})
         found: dict[int, int] = {}
 
         def at_step(step: int) -> None:
             if hook is not None:
                 hook(step)
             if step == 1:  # iteration 1: the plan ids the boundary resolved
-                found.update(ex._renamed_at_boundary)
+                found.update(ex.plan_ids)
 
-        with offload(dataclasses.replace(base, moves=[*base.moves, out], first=first)) as ex:
+        with offload(dataclasses.replace(base, migrations={0: [*base.migrations[0], out]}, first=first)) as ex:
             losses, params = train(4, hook=at_step)
         assert losses == expected_losses
         assert all(torch.equal(a, b) for a, b in zip(params, expected_params, strict=True))
@@ -271,12 +310,11 @@ def test_what_iteration_0_hands_on_is_found_by_the_profiles_map(profiled: Profil
 
 
 def test_first_iteration_warning_when_iteration_0_may_not_fit_the_device() -> None:
-    unplanned = RunPlan("s", [], None, None, {"peak_before_bytes": 3 << 30})
+    unplanned = plan_of([], [], summary={"peak_before_bytes": 3 << 30})
     assert first_iteration_warning(unplanned, 4 << 30) is None
     why = first_iteration_warning(unplanned, 2 << 30)
     assert why is not None and "no plan for iteration 0" in why and "3.00 GiB" in why and "2.00 GiB" in why
-    planned = RunPlan("s", [], None, None, {"peak_before_bytes": 3 << 30},
-                      first=FirstPlan([], [], 5 << 29, {}))
+    planned = plan_of([], [], summary={"peak_before_bytes": 3 << 30}, first=plan_of([], [], budget=5 << 29))
     assert first_iteration_warning(planned, 3 << 30) is None
     why = first_iteration_warning(planned, 2 << 30)
     assert why is not None and "planned for 2.50 GiB" in why

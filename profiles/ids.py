@@ -1,0 +1,33 @@
+"""Tensor ids: how a storage is named in profiles and plans (docs/formats.md, "Tensor ids").
+
+* persistent storages (parameters, buffers, optimizer state, gradients that
+  stay allocated) are numbered ``0, 1, ...`` in a stable order of their names;
+* a storage an op produces is ``produced_id(op_index, output_position)``;
+* a storage first seen as an op input that nothing in the iteration produced
+  (a data batch, a tensor made outside the traced ops) is
+  ``input_id(op_index, tensor_argument_position)``;
+* a transient storage alive at an iteration boundary gets ``CARRIED_FLAG``
+  added to its id.
+
+Plain integers, no torch: the planner and the runtime's boundary logic use them too.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CARRIED_FLAG", "INPUT_BASE", "PRODUCED_BASE", "input_id", "produced_id"]
+
+PRODUCED_BASE = 1 << 40
+INPUT_BASE = 2 << 40
+# Set on the id of a transient storage that outlives an iteration boundary, so
+# that it never collides with the ids the next iteration gives (see NOTE
+# [ Carried storages ] in torch_patch.tracer).
+CARRIED_FLAG = 1 << 47
+_POS_BITS = 16  # up to 65536 tensors per op (foreach ops over every parameter)
+
+
+def produced_id(op_index: int, position: int) -> int:
+    return PRODUCED_BASE + (op_index << _POS_BITS) + position
+
+
+def input_id(op_index: int, position: int) -> int:
+    return INPUT_BASE + (op_index << _POS_BITS) + position

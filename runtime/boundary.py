@@ -1,0 +1,118 @@
+"""What the executor follows: one iteration's plan op by op, and what changes at a boundary.
+
+Pure functions of the plan (``planner.plan``) and of the state the executor
+reports; no torch, so tests call them directly. The executor only applies them.
+
+NOTE [ Boundaries ]: every iteration from 1 on tries to follow the steady plan
+from its first op, whatever the iteration before did; iteration 0 follows its
+own plan (NOTE [ The first iteration's plan ] in ``planner.plan``). An
+iteration that leaves its plan (an op or a size differs: an evaluation, a log
+line or a checkpoint save between steps) runs the rest on demand: nothing more
+is started, what is out stays out until an op touches it. At the boundary
+after it, ``at_boundary`` puts memory where the plan has it when an iteration
+begins: what the plan has out across the boundary goes out (``send_out``, and
+the executor waits for it), everything else that is out comes back
+(``bring_back``). After an iteration that followed the steady plan to its end,
+memory is already so and nothing moves.
+
+A plan names a transient storage by the id the iteration that made it gave it
+(``profiles.ids``). A storage alive across the boundary is renamed there (a
+carried flag, or a gradient's persistent number), so events after it (a
+prefetch, an offload's deadline, an offload triggered at op 0) look up the plan
+id in ``plan_ids``, which maps it to the storage's id now:
+
+- after the steady plan: the boundary's own renaming (the iteration's ids were
+  the plan's);
+- after iteration 0 followed its own plan to the end: the profile's map of
+  what iteration 0 hands on (``carried_into_next``), whose ids are those of the
+  profiled iteration 0, plus gradients by their names;
+- after an iteration run on demand: gradients by their names only; its other
+  transient ids mean nothing to the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from planner.plan import Migration, Plan
+from profiles.ids import PRODUCED_BASE
+
+__all__ = ["Boundary", "Ending", "Schedule", "at_boundary"]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One iteration's plan for one rank, looked up op by op."""
+
+    triggers: Mapping[int, tuple[Migration, ...]]  # op -> transfers to start before it, offloads first
+    deadlines: Mapping[int, tuple[int, ...]]  # op -> plan ids whose offloads must be done before it
+    op_names: tuple[str, ...]
+    budget_bytes: int | None
+
+    @classmethod
+    def of(cls, plan: Plan, rank: int) -> Schedule:
+        triggers: dict[int, list[Migration]] = {}
+        deadlines: dict[int, list[int]] = {}
+        # At one op, offloads start before prefetches: a prefetch waits for room only on
+        # offloads in flight (NOTE [ Room ] in runtime.executor), as the simulator's op does.
+        for m in sorted(plan.migrations.get(rank, []), key=lambda m: m.action != "offload"):
+            triggers.setdefault(m.trigger_op, []).append(m)
+            if m.action == "offload":
+                deadlines.setdefault(m.deadline_op, []).append(m.tensor_id)
+        return cls({k: tuple(v) for k, v in triggers.items()}, {k: tuple(v) for k, v in deadlines.items()},
+                   tuple(plan.op_names.get(rank, ())), plan.budget_bytes)
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.op_names)
+
+
+class Ending(Enum):
+    """How the iteration that just ended went."""
+
+    STEADY = "steady"  # it followed the steady plan to its end
+    FIRST = "first"  # iteration 0 followed its own plan to its end
+    ON_DEMAND = "on demand"  # it ran on demand, all of it or from where it left its plan
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What the executor does at a boundary (NOTE [ Boundaries ])."""
+
+    plan_ids: dict[int, int]  # plan id -> the id its storage has now
+    send_out: tuple[tuple[int, Migration], ...]  # (id now, offload) to start, urgent, and wait for
+    bring_back: tuple[int, ...]  # ids now of offloaded storages the plan has resident
+
+
+def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, int],
+                names: Mapping[str, int], live_bytes: Callable[[int], int | None],
+                out: Collection[int]) -> Boundary:
+    """The boundary before an iteration that follows the steady plan of ``rank``.
+
+    ``renamed``: old id -> new id of every storage renamed at this boundary;
+    ``names``: persistent name -> id now; ``live_bytes(id)``: the size of the live
+    storage with that id now, None if none; ``out``: ids now of the storages that
+    are offloaded or on their way out.
+    """
+    if ending is Ending.STEADY:
+        return Boundary({old: new for old, new in renamed.items() if old >= PRODUCED_BASE}, (), ())
+    plan_ids: dict[int, int] = {}
+    if ending is Ending.FIRST and plan.first is not None:
+        plan_ids.update(plan.first.carried_into_next.get(rank, {}))
+    for m in plan.migrations.get(rank, []):
+        if m.tensor_id >= PRODUCED_BASE and m.name is not None and m.name in names:
+            plan_ids[m.tensor_id] = names[m.name]
+    send_out: list[tuple[int, Migration]] = []
+    stays_out: set[int] = set()
+    for m in plan.out_at_boundary(rank):
+        now = m.tensor_id if m.tensor_id < PRODUCED_BASE else plan_ids.get(m.tensor_id)
+        if now is not None and now in out:
+            stays_out.add(now)
+        elif now is not None and live_bytes(now) == m.size_bytes:
+            send_out.append((now, m))
+            stays_out.add(now)
+        else:  # not found, or another storage: leave it be (it is out once it dies)
+            plan_ids.pop(m.tensor_id, None)
+    return Boundary(plan_ids, tuple(send_out), tuple(t for t in out if t not in stays_out))

@@ -1,0 +1,134 @@
+"""Private swap directories: made with an owner record, removed at exit, cleaned after a crash.
+
+NOTE [ Swap directories ]: a backend that writes files makes its own directory
+``teraio-swap-*`` (mode 0700) under the swap dir, with ``owner.json``: the host
+name, the pid and the process's start time (so that a reused pid is not taken
+for the owner). A run killed outright (SIGKILL: the OOM killer, a preempted
+node) cannot remove it; the next run on the same parent removes every
+``teraio-swap-*`` directory whose owner, on this host, is gone, and says how
+much it freed; ``teraio clean`` does it on request. A directory without an
+owner record (made by teraio 0.1) is listed, never removed automatically.
+Bytes teraio could not restore at exit stay in a ``teraio-kept-*`` directory
+with a ``kept.json`` manifest, which nothing removes but the user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KEPT_PREFIX", "SWAP_PREFIX", "Sweep", "keep_swap_dir", "make_swap_dir", "sweep"]
+
+SWAP_PREFIX = "teraio-swap-"
+KEPT_PREFIX = "teraio-kept-"
+OWNER_FILE = "owner.json"
+KEPT_FILE = "kept.json"
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, proc(5)); None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _owner() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_time(os.getpid())}
+
+
+def make_swap_dir(parent: str | os.PathLike[str] | None) -> Path:
+    """A new private swap directory under ``parent`` (default: the system temporary
+    directory), with its owner record."""
+    base = Path(parent) if parent is not None else None
+    if base is not None:
+        base.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=SWAP_PREFIX, dir=base))
+    os.chmod(path, 0o700)
+    (path / OWNER_FILE).write_text(json.dumps(_owner()) + "\n")
+    return path
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What ``sweep`` found under one parent directory."""
+
+    removed: tuple[Path, ...]  # swap directories of processes that are gone, removed
+    removed_bytes: int
+    unowned: tuple[Path, ...]  # swap directories without an owner record, left alone
+    kept: tuple[Path, ...]  # teraio-kept-* directories, left alone
+
+
+def _is_stale(path: Path, host: str) -> bool | None:
+    """Whether the swap directory's owner is gone; None without a readable owner record."""
+    try:
+        owner = json.loads((path / OWNER_FILE).read_text())
+        pid, start, where = int(owner["pid"]), owner.get("start"), str(owner["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if where != host:
+        return False  # another node's, on a shared file system: not ours to judge
+    now = _start_time(pid)
+    return now is None or (start is not None and now != start)
+
+
+def sweep(parent: str | os.PathLike[str] | None, remove: bool = True) -> Sweep:
+    """Find (and with ``remove``, remove) the swap directories under ``parent`` whose owner
+    process on this host is gone (NOTE [ Swap directories ])."""
+    base = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+    removed, unowned, kept = [], [], []
+    freed = 0
+    host = socket.gethostname()
+    try:
+        entries = sorted(base.iterdir())
+    except OSError:
+        return Sweep((), 0, (), ())
+    for path in entries:
+        if not path.is_dir() or path.is_symlink():
+            continue
+        if path.name.startswith(KEPT_PREFIX):
+            kept.append(path)
+        elif path.name.startswith((SWAP_PREFIX, "teraio-gds-")):
+            stale = _is_stale(path, host)
+            if stale is None:
+                unowned.append(path)
+            elif stale:
+                freed += _size(path)
+                if remove:
+                    shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return Sweep(tuple(removed), freed, tuple(unowned), tuple(kept))
+
+
+def keep_swap_dir(path: Path, files: list[dict[str, Any]]) -> Path:
+    """Keep swap directory ``path`` with only ``files`` in it (dicts with a ``file`` name and
+    what is known of the tensor), renamed ``teraio-kept-*``, with a ``kept.json`` manifest."""
+    names = {str(f["file"]) for f in files}
+    for entry in path.iterdir():
+        if entry.name not in names:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    kept = path.with_name(KEPT_PREFIX + path.name.removeprefix(SWAP_PREFIX))
+    path.rename(kept)
+    (kept / KEPT_FILE).write_text(json.dumps({"owner": _owner(), "files": files}, indent=1) + "\n")
+    return kept
