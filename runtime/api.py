@@ -197,6 +197,7 @@ def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, A
         "cancelled_offloads": s.cancelled_offloads,
         "failed_writes": s.failed_writes,
         "not_resizable": s.not_resizable,
+        "save_fetches": s.save_fetches,
         "compiled": executor.compiled,
         "bytes_written": written,
         "bytes_read": read,

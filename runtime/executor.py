@@ -89,6 +89,7 @@ class RunStats:
     iteration_peak_cuda_bytes: list[int] = field(default_factory=list)  # allocated, CUDA only
     iteration_followed: list[bool] = field(default_factory=list)  # followed its plan to the end
     not_resizable: list[str] = field(default_factory=list)  # planned tensors kept: not freeable
+    save_fetches: int = 0  # offloaded tensors brought back for a torch.save (and freed again)
 
 
 # NOTE [ Copy streams ]: a worker's device copies run on a CUDA stream of its own
@@ -533,6 +534,7 @@ class PlanExecutor(OpStream):
             if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
                 self._fetch(tid, entry, urgent=True, keep_copy=True)
                 self._wait(entry)
+                self.stats.save_fetches += 1
                 refree.append((tid, entry))
         try:
             yield

@@ -122,6 +122,7 @@ class OpStream(TorchDispatchMode):
         self.compiled: list[str] = []  # NOTE [ Compiled code ]
         self._handles: list[Any] = []
         self._patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+        self._warning_filters: warnings.catch_warnings[None] | None = None
         self._thread = threading.get_ident()
 
     # ---- hooks for subclasses -------------------------------------------------
@@ -348,6 +349,11 @@ class OpStream(TorchDispatchMode):
         self._patch(_dataloader.DataLoader, "__iter__", self._uncounted)
         self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._uncounted)
         self._patch(torch, "compile", self._compile)
+        # torch warns at every call of a compiled module that global module hooks (ours) fire
+        # twice for it; teraio's own warning says what happens to compiled code instead.
+        self._warning_filters = warnings.catch_warnings()
+        self._warning_filters.__enter__()
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         _ACTIVE.append(self)
         return super().__enter__()
 
@@ -399,6 +405,9 @@ class OpStream(TorchDispatchMode):
         for owner, name, original in reversed(self._patches):
             setattr(owner, name, original)
         self._patches = []
+        if self._warning_filters is not None:
+            self._warning_filters.__exit__(None, None, None)
+            self._warning_filters = None
         for h in self._handles:
             h.remove()
         self._handles = []

@@ -23,7 +23,7 @@ TIMEOUT_S = 300
 
 
 def losses(stdout: str) -> list[str]:
-    return re.findall(r"^step \d+ loss (\S+)$", stdout, re.M)
+    return re.findall(r"^step \d+ loss (.+)$", stdout, re.M)
 
 
 @dataclass
@@ -39,12 +39,36 @@ class Outcome:
     profile_stderr: str = ""
 
 
+def start_plain(script: Path, args: list[str], tmp: Path) -> subprocess.Popen[str]:
+    """The script without teraio, started in the background (``finish_plain`` collects it)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, str(script), *args, "--save", str(tmp / "plain.pt")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+
+
+def finish_plain(proc: subprocess.Popen[str], tmp: Path) -> Outcome:
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    return Outcome(losses(out), torch.load(tmp / "plain.pt"), out, err)
+
+
 def plain(script: Path, args: list[str], tmp: Path) -> Outcome:
-    out = tmp / "plain.pt"
-    r = subprocess.run([sys.executable, str(script), *args, "--save", str(out)], capture_output=True,
-                       text=True, timeout=TIMEOUT_S, cwd=tmp)
-    assert r.returncode == 0, r.stderr
-    return Outcome(losses(r.stdout), torch.load(out), r.stdout, r.stderr)
+    return finish_plain(start_plain(script, args, tmp), tmp)
+
+
+def compare(script: Path, args: list[str], tmp: Path, plain_args: list[str] | None = None,
+            **options: Any) -> tuple[Outcome, Outcome]:
+    """The plain run (with ``plain_args`` if given) beside profile, plan and run under teraio."""
+    proc = start_plain(script, args if plain_args is None else plain_args, tmp / "plain")
+    try:
+        (tmp / "teraio").mkdir()
+        b = through_teraio(script, args, tmp / "teraio", **options)
+    finally:
+        a = finish_plain(proc, tmp / "plain")
+    return a, b
 
 
 def through_teraio(script: Path, args: list[str], tmp: Path, share: str = "50%",
@@ -72,11 +96,31 @@ def through_teraio(script: Path, args: list[str], tmp: Path, share: str = "50%",
                    int(doc["parameters"]["gpu_mem_bytes"]), plan_stderr, profile_stderr)
 
 
+def flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested state dict as {dotted name: value}."""
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): obj}
+
+
+def assert_within_budget(b: Outcome, share: float = 1.05) -> None:
+    """Every iteration that followed the steady plan within ``share`` of its budget."""
+    assert b.report is not None and b.budget is not None
+    peaks, followed = b.report["iteration_peak_bytes"], b.report["iteration_followed"]
+    over = [(i, p) for i, (p, f) in enumerate(zip(peaks, followed, strict=True)) if i and f and p > b.budget * share]
+    assert not over, (b.budget, peaks, followed)
+
+
 def assert_identical(a: Outcome, b: Outcome) -> None:
+    """The same losses and final parameters, bit for bit."""
     assert a.losses and a.losses == b.losses, (a.losses, b.losses)
-    assert a.params.keys() == b.params.keys()
-    for name, value in a.params.items():
-        assert torch.equal(value, b.params[name]), name
+    pa, pb = flat(a.params), flat(b.params)
+    assert pa.keys() == pb.keys()
+    for name, value in pa.items():
+        assert torch.equal(value, pb[name]) if isinstance(value, torch.Tensor) else value == pb[name], name
 
 
 def main() -> None:
@@ -84,11 +128,7 @@ def main() -> None:
     if not script.exists():
         script = SCRIPTS / script
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        (tmp / "plain").mkdir()
-        (tmp / "teraio").mkdir()
-        a = plain(script, args, tmp / "plain")
-        b = through_teraio(script, args, tmp / "teraio")
+        a, b = compare(script, args, Path(d))
         print(b.profile_stderr[-2000:], b.plan_stderr[-3000:], b.stderr[-3000:], sep="\n")
         assert b.report is not None
         print("budget", b.budget, "peaks", b.report["iteration_peak_bytes"])

@@ -1,0 +1,24 @@
+"""SGD with momentum and Nesterov, keeping its gradient buffers (zero_grad(set_to_none=False))."""
+
+import argparse
+
+import torch
+from torch import nn
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=6)
+p.add_argument("--save")
+args = p.parse_args()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
+g = torch.Generator().manual_seed(1)
+for step in range(args.steps):
+    x, y = torch.randn(64, 128, generator=g), torch.randint(0, 10, (64,), generator=g)
+    opt.zero_grad(set_to_none=False)
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    print(f"step {step} loss {loss.item()!r}", flush=True)
+if args.save:
+    torch.save(model.state_dict(), args.save)

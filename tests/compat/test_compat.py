@@ -1,0 +1,95 @@
+"""Training scripts written the way people write them, each through profile, plan at half
+its peak (or the smallest budget any plan meets) and run: the same losses and final
+parameters as the plain run, bit for bit, and the budget held in every iteration that
+follows the plan. The scripts are in ``scripts/``; nothing in them knows about teraio."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.compat.harness import SCRIPTS, assert_identical, assert_within_budget, compare
+
+pytest.importorskip("transformers")
+
+PATTERNS = {
+    "dataloader-2-workers": ("dataloader_workers.py", ["--workers", "2"]),
+    "dataloader-pin-memory": ("dataloader_workers.py", ["--workers", "2", "--pin-memory"]),
+    "numpy-batches": ("numpy_batches.py", []),
+    "transformers-trainer": ("hf_trainer.py", []),
+    "transformers-gpt2": ("hf_models.py", ["--arch", "gpt2"]),
+    "transformers-llama": ("hf_models.py", ["--arch", "llama"]),
+    "transformers-t5": ("hf_models.py", ["--arch", "t5"]),
+    "transformers-bert": ("hf_models.py", ["--arch", "bert"]),
+    "bf16-autocast": ("bf16_autocast.py", []),
+    "bf16-model": ("bf16_model.py", []),
+    "grad-accumulation-clip-schedule": ("grad_accumulation.py", []),
+    "checkpointed-blocks": ("checkpointed_blocks.py", []),
+    "sgd-momentum-keeps-grads": ("sgd_momentum.py", []),
+    "batchnorm-convnet": ("batchnorm_convnet.py", []),
+    "two-optimizers": ("two_optimizers.py", []),
+}
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_pattern_trains_bit_identically_within_the_budget(pattern: str, tmp_path: Path) -> None:
+    script, args = PATTERNS[pattern]
+    plain, teraio = compare(SCRIPTS / script, args, tmp_path)
+    assert_identical(plain, teraio)
+    assert teraio.report is not None
+    assert sum(teraio.report["bytes_written"].values()) > 0, "the plan moved nothing"
+    assert teraio.report["unfollowed_iterations"] == []
+    assert_within_budget(teraio)
+    assert not list((tmp_path / "teraio").glob("teraio-swap-*"))
+
+
+def test_batches_that_cannot_be_freed_are_planned_around(tmp_path: Path) -> None:
+    """``torch.from_numpy`` batches cannot be resized (freed in place): the profile says so,
+    the plan never moves them, and the run is bit-identical."""
+    plain, teraio = compare(SCRIPTS / "numpy_batches.py", [], tmp_path)
+    assert_identical(plain, teraio)
+    tensors = pq.read_table(tmp_path / "teraio" / "profile" / "tensors.parquet").to_pandas()
+    fixed = set(tensors["tensor_id"][~tensors["resizable"]])
+    assert len(fixed) >= 2 and (tensors["kind"][~tensors["resizable"]] == "input").all()
+    assert teraio.plan is not None
+    assert not {m["tensor_id"] for m in teraio.plan["ranks"]["0"]} & fixed
+    assert teraio.report is not None and teraio.report["not_resizable"] == []
+
+
+@pytest.mark.parametrize("when", ["after", "inside"])
+def test_evaluation_and_checkpoint_between_steps(when: str, tmp_path: Path) -> None:
+    """An evaluation and a torch.save of the model's and optimizer's state after a step: that
+    iteration runs on demand, every later one follows the plan within its budget, and the
+    checkpoint holds the plain run's bytes. After the profiled iterations (step 4), or inside
+    them (step 1), where the profiler sets the irregular iteration aside."""
+    step = {"after": 4, "inside": 1}[when]
+    args = ["--eval-after", str(step), "--save-after", str(step), "--save-after", "6"]
+    plain, teraio = compare(SCRIPTS / "eval_and_checkpoint.py", args, tmp_path)
+    assert_identical(plain, teraio)
+    assert [line for line in plain.stdout.splitlines() if line.startswith("eval")] == \
+        [line for line in teraio.stdout.splitlines() if line.startswith("eval")]
+    for saved in (f"step-{step}.pt", "step-6.pt"):
+        assert (tmp_path / "plain" / "checkpoints" / saved).read_bytes() == \
+            (tmp_path / "teraio" / "checkpoints" / saved).read_bytes(), saved
+    assert teraio.report is not None
+    assert teraio.report["save_fetches"] > 0, "nothing was offloaded when the checkpoint was saved"
+    # the iterations with an evaluation or a save in them (state_dict's ops) ran on demand
+    assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [step + 1, 7]
+    followed = teraio.report["iteration_followed"]
+    assert len(followed) == 8 and [i for i in range(1, 8) if not followed[i]] == [step + 1, 7]
+    assert_within_budget(teraio)
+    if when == "inside":
+        assert f"iteration {step + 1} is not in the profile" in teraio.profile_stderr
+
+
+def test_a_compiled_model_runs_eagerly_and_says_so(tmp_path: Path) -> None:
+    """Under teraio a torch.compile'd model runs eagerly: the same results as the eager model,
+    bit for bit, and one warning that says so (in the run report too)."""
+    plain, teraio = compare(SCRIPTS / "compiled.py", [], tmp_path, plain_args=["--eager"])
+    assert_identical(plain, teraio)
+    assert teraio.stderr.count("compiled code runs eagerly under teraio") == 1
+    assert "compiled code runs eagerly under teraio" in teraio.profile_stderr
+    assert teraio.report is not None and teraio.report["compiled"] == ["Sequential"]
+    assert_within_budget(teraio)
