@@ -9,8 +9,8 @@ format. Nothing is alive before it except what the script made outside any op
 (those storages get ``alloc_op`` at their first access), and what it leaves
 alive (parameters, optimizer state, the last batch) has ``free_op == -1``.
 Its ``meta.json`` adds ``carried_into_next``: for each transient storage it
-hands to iteration 1 (the last batch, logits), the storage's steady id (the
-one the steady iteration's tables give it, NOTE [ Carried storages ] in
+hands to iteration 1 (the last batch, logits), the id a steady iteration gives
+the storage that takes its place (NOTE [ Carried storages ] in
 ``torch_patch.tracer``) -> its id in iteration 1 (its iteration-0 id with the
 carried flag), as a JSON object keyed by the steady id in decimal.
 """

@@ -25,7 +25,10 @@ id in ``plan_ids``, which maps it to the storage's id now:
   the plan's);
 - after iteration 0 followed its own plan to the end: the profile's map of
   what iteration 0 hands on (``carried_into_next``), whose ids are those of the
-  profiled iteration 0, plus gradients by their names;
+  profiled iteration 0, under the steady id and under that id with the carried
+  flag (the name steady iterations give an old copy that overlaps its
+  successor, NOTE [ Carried storages ] in ``torch_patch.tracer``), plus
+  gradients by their names;
 - after an iteration run on demand: gradients by their names only; its other
   transient ids mean nothing to the plan.
 """
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from planner.plan import Migration, Plan
-from profiles.ids import PRODUCED_BASE
+from profiles.ids import CARRIED_FLAG, PRODUCED_BASE
 
 __all__ = ["Boundary", "Ending", "Schedule", "at_boundary"]
 
@@ -100,7 +103,8 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
         return Boundary({old: new for old, new in renamed.items() if old >= PRODUCED_BASE}, (), ())
     plan_ids: dict[int, int] = {}
     if ending is Ending.FIRST and plan.first is not None:
-        plan_ids.update(plan.first.carried_into_next.get(rank, {}))
+        for steady, now in plan.first.carried_into_next.get(rank, {}).items():
+            plan_ids[steady] = plan_ids[steady | CARRIED_FLAG] = now
     for m in plan.migrations.get(rank, []):
         if m.tensor_id >= PRODUCED_BASE and m.name is not None and m.name in names:
             plan_ids[m.tensor_id] = names[m.name]

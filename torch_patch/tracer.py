@@ -296,45 +296,56 @@ class Tracer(OpStream):
                 f"{what}; {advice}")
 
     def _align_carried(self, rec: _Iteration) -> dict[int, int]:
-        """Give storages carried in from the previous iteration the ids of their successors.
+        """Give storages carried in from the previous iteration the ids of their successors;
+        returns the pairs (old id -> the successor's id).
 
         NOTE [ Carried storages ]: a transient storage that outlives the boundary
         (the last loss or batch, still bound to a Python name) is given
         ``CARRIED_FLAG`` at the boundary so that its id cannot collide with
         this iteration's ids. Carried storages that die in this iteration are
-        paired, in order of their old ids, with the storages this iteration
-        makes that outlive it (and get no persistent name): in steady state
-        these are the same variables, so both copies share one id and its
-        lifetime wraps (NOTE [ Wrapping lifetimes ] in ``profiles.schema``).
-        A carried storage made at the same op and position as one this
-        iteration makes is paired with it first (in steady state both are that
-        op's output); the rest are paired by order, which also maps iteration 0,
-        whose op indices include the script's set-up, onto the steady state.
+        paired with the storages this iteration makes that outlive it (and get
+        no persistent name): in steady state these are the same variables. A
+        carried storage made at the same op and position as one this iteration
+        makes is paired with it (in steady state both are that op's output);
+        the rest are paired by order, which also maps iteration 0, whose op
+        indices include the script's set-up, onto the steady state. If the old
+        copy dies before the new one is made, both share the new one's id and
+        its lifetime wraps (NOTE [ Wrapping lifetimes ] in ``profiles.schema``);
+        if the two overlap (a batch or a model output that lives until the next
+        one is made), the old copy keeps its own row under the new one's id
+        with the flag, which is its id in every steady iteration, so that the
+        memory of both copies counts.
         """
         prev = sorted(t for t in rec.carried if t & CARRIED_FLAG and t in rec.frees)
         new = sorted(t for t in rec.alloc
                      if t >= PRODUCED_BASE and t not in rec.frees and t not in self.labels)
-        # First by position: made at the same op and position in the iteration before.
         made = set(new)
-        rename = {t: t & ~CARRIED_FLAG for t in prev if t & ~CARRIED_FLAG in made}
-        paired = set(rename.values())
-        prev = [t for t in prev if t not in rename]
+        pairs = {t: t & ~CARRIED_FLAG for t in prev if t & ~CARRIED_FLAG in made}  # by position
+        paired = set(pairs.values())
+        prev = [t for t in prev if t not in pairs]
         new = [t for t in new if t not in paired]
         if prev and len(prev) == len(new):
-            rename.update(zip(prev, new, strict=True))
-        if not rename:
-            return {}
-        rec.carried = {rename.get(t, t): n for t, n in rec.carried.items()}
-        rec.frees = {rename.get(t, t): f for t, f in rec.frees.items()}
-        rec.acc_tid = [rename.get(t, t) for t in rec.acc_tid]
-        return rename
+            pairs.update(zip(prev, new, strict=True))
+        rename = {}
+        for old, succ in pairs.items():
+            target = succ if rec.frees[old] <= rec.alloc[succ] else succ | CARRIED_FLAG
+            if target != old and (target not in rec.carried or target in pairs):
+                rename[old] = target
+                for table in (self.sizes, self.dtypes, self.resizable, self.alloc_phase):
+                    if old in table:
+                        table.setdefault(target, table[old])  # type: ignore[index]
+        if rename:
+            rec.carried = {rename.get(t, t): n for t, n in rec.carried.items()}
+            rec.frees = {rename.get(t, t): f for t, f in rec.frees.items()}
+            rec.acc_tid = [rename.get(t, t) for t in rec.acc_tid]
+        return pairs
 
     def _close(self, rec: _Iteration) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         """The tables of the iteration ``rec`` recorded."""
         it = self.iteration
-        rename = self._align_carried(rec)
+        pairs = self._align_carried(rec)
         if it == 1:
-            self.first_carried = {new: old for old, new in rename.items()}
+            self.first_carried = {new: old for old, new in pairs.items()}
         n = len(rec.op_names)
         if self.cuda_timing and rec.events:
             torch.cuda.synchronize()
@@ -376,8 +387,8 @@ class Tracer(OpStream):
             alloc = rec.alloc.get(tid, -1)
             free = rec.frees.get(tid, -1)
             if tid in rec.carried and alloc >= 0 and (free < 0 or free > alloc):
-                # The previous iteration's copy outlives the birth of this one (or is
-                # never freed): count one copy throughout.
+                # Not made by _align_carried (overlapping copies get ids of their own);
+                # should it happen, count one copy throughout.
                 alloc = free = -1
             free_phase = phases[free - 1] if alloc < free <= len(phases) else None
             name = self.persistent.get(tid, self.labels.get(tid, (None, "")))[0]

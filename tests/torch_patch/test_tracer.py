@@ -78,10 +78,10 @@ def test_the_carried_map_does_not_depend_on_warmup() -> None:
     maps = []
     for warmup in (1, 2):
         torch.manual_seed(0)
-        model = torch.nn.Linear(8, 8)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
         tracer = Tracer(warmup=warmup, iters=1)
         with pytest.raises(ProfileComplete), tracer:
+            model = torch.nn.Linear(8, 8)  # made in iteration 0: its op indices differ
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
             for _ in range(5):
                 loss = model(torch.randn(4, 8)).square().sum()  # alive across the boundary
                 loss.backward()
