@@ -103,15 +103,15 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
         return Boundary({old: new for old, new in renamed.items() if old >= PRODUCED_BASE}, (), ())
     plan_ids: dict[int, int] = {}
     if ending is Ending.FIRST and plan.first is not None:
-        for steady, now in plan.first.carried_into_next.get(rank, {}).items():
-            plan_ids[steady] = plan_ids[steady | CARRIED_FLAG] = now
+        for steady, made in plan.first.carried_into_next.get(rank, {}).items():
+            plan_ids[steady] = plan_ids[steady | CARRIED_FLAG] = made
     for m in plan.migrations.get(rank, []):
         if m.tensor_id >= PRODUCED_BASE and m.name is not None and m.name in names:
             plan_ids[m.tensor_id] = names[m.name]
     send_out: list[tuple[int, Migration]] = []
     stays_out: set[int] = set()
     for m in plan.out_at_boundary(rank):
-        now = m.tensor_id if m.tensor_id < PRODUCED_BASE else plan_ids.get(m.tensor_id)
+        now: int | None = m.tensor_id if m.tensor_id < PRODUCED_BASE else plan_ids.get(m.tensor_id)
         if now is not None and now in out:
             stays_out.add(now)
         elif now is not None and live_bytes(now) == m.size_bytes:

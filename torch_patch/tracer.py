@@ -331,9 +331,10 @@ class Tracer(OpStream):
             target = succ if rec.frees[old] <= rec.alloc[succ] else succ | CARRIED_FLAG
             if target != old and (target not in rec.carried or target in pairs):
                 rename[old] = target
-                for table in (self.sizes, self.dtypes, self.resizable, self.alloc_phase):
+                tables: tuple[dict[int, Any], ...] = (self.sizes, self.dtypes, self.resizable, self.alloc_phase)
+                for table in tables:
                     if old in table:
-                        table.setdefault(target, table[old])  # type: ignore[index]
+                        table.setdefault(target, table[old])
         if rename:
             rec.carried = {rename.get(t, t): n for t, n in rec.carried.items()}
             rec.frees = {rename.get(t, t): f for t, f in rec.frees.items()}
