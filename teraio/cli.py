@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from teraio import cmd_inspect, cmd_plan, cmd_profile, cmd_roofline, cmd_run
+from teraio import cmd_clean, cmd_inspect, cmd_plan, cmd_profile, cmd_roofline, cmd_run
 
 __all__ = ["app", "main"]
 
@@ -23,6 +23,7 @@ app.command("inspect")(cmd_inspect.inspect)
 app.command("run", context_settings=_SCRIPT)(cmd_run.run)
 app.command("plan")(cmd_plan.plan)
 app.command("roofline")(cmd_roofline.roofline)
+app.command("clean")(cmd_clean.clean)
 
 
 def main() -> None:

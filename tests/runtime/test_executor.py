@@ -318,3 +318,87 @@ def test_first_iteration_warning_when_iteration_0_may_not_fit_the_device() -> No
     assert first_iteration_warning(planned, 3 << 30) is None
     why = first_iteration_warning(planned, 2 << 30)
     assert why is not None and "planned for 2.50 GiB" in why
+
+
+def test_a_plan_without_host_memory_allocates_no_host_pool(plan: Plan, tmp_path: Path) -> None:
+    no_host = dataclasses.replace(plan, parameters={**plan.parameters, "host_mem_bytes": 0})
+    with offload(no_host, backend="posix", swap_dir=tmp_path) as ex:
+        train(3)
+        assert ex.stats.bytes_written["ssd"] > 0
+        assert ex.backends["host"]._pool is None  # type: ignore[attr-defined]
+    with offload(plan, backend="host") as ex:  # everything in host memory: a default pool
+        train(3)
+        assert ex.stats.bytes_written["ssd"] > 0 and ex.backends["host"]._pool is not None  # type: ignore[attr-defined]
+
+
+def numpy_train(steps: int) -> tuple[list[float], list[torch.Tensor]]:
+    """``train`` fed ``torch.from_numpy`` batches, whose storages cannot be resized."""
+    import numpy as np
+
+    model, opt, _ = mlp_and_data()
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(steps):
+        x = torch.from_numpy(rng.standard_normal((64, 32)).astype(np.float32))
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_planned_storage_that_cannot_be_freed_stays_resident_with_one_warning() -> None:
+    """A plan that moves a numpy-backed batch (a version-1 profile did not know): the runtime
+    checks before it frees, keeps the batch in memory, warns once naming it, and trains on."""
+    tracer = Tracer(warmup=1, iters=1)
+    with pytest.raises(ProfileComplete), tracer:
+        numpy_train(5)
+    prof = tracer.profile({})
+    fixed = prof.tensors[~prof.tensors["resizable"]]
+    assert len(fixed) and (fixed["kind"] == "input").all()
+    moves = hand_moves(dataclasses.replace(prof, tensors=prof.tensors.assign(resizable=True)), 4096)
+    assert set(fixed["tensor_id"]) & {m.tensor_id for m in moves}, "the hand plan must move the batch"
+    expected = numpy_train(6)
+    with pytest.warns(RuntimeWarning, match=r"tensor \d+ cannot be freed in place") as caught:
+        with offload(plan_of(moves, op_names(prof))) as ex:
+            assert same(numpy_train(6), expected)
+    assert sum("cannot be freed in place" in str(w.message) for w in caught) == 1
+    assert ex.stats.not_resizable and ex.stats.bytes_written["ssd"] > 0 and not ex.unfollowed
+
+
+def test_tensor_lists_passed_by_keyword_are_faulted_in(tmp_path: Path) -> None:
+    """``out=[a, b]`` reaches the dispatch mode as a keyword argument holding a tensor list:
+    its tensors are inputs like any other, recorded by the tracer and made resident before the
+    op writes into them (written into freed storages, they crashed the process)."""
+    def run(steps: int) -> list[float]:
+        w = torch.nn.Parameter(torch.ones(8))
+        opt = torch.optim.SGD([w], lr=0.01)
+        bufs = [torch.zeros(4096)[:4], torch.zeros(4096)[:4]]
+        losses = []
+        for _ in range(steps):
+            x = torch.arange(8.0) * w
+            torch.split_with_sizes_copy(x.detach(), [4, 4], out=bufs)
+            loss = (x.sum() + bufs[0].sum() * bufs[1].sum()) / 100
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    tracer = Tracer(warmup=1, iters=1)
+    with pytest.raises(ProfileComplete), tracer:
+        run(5)
+    prof = tracer.profile({})
+    k = int(prof.kernels_of().query("op_name == 'aten.split_with_sizes_copy.out'")["op_index"].iloc[0])
+    acc = prof.accesses_of()
+    written = [int(t) for t in acc[(acc["op_index"] == k) & (acc["access"] == "write")]["tensor_id"]]
+    assert len(written) == 2
+    # out from the op after their last read to the next iteration's split: every write faults in
+    last = int(acc[acc["tensor_id"].isin(written)]["op_index"].max())
+    n = len(op_names(prof))
+    moves = [move(b, "offload", last + 1, last + 2, 16384, last, n + k, wraps=True) for b in written]
+    expected = run(6)
+    with offload(plan_of(moves, op_names(prof)), swap_dir=tmp_path) as ex:
+        assert run(6) == expected
+    assert ex.stats.bytes_written["ssd"] > 0 and ex.stats.on_demand_fetches >= 4

@@ -3,12 +3,17 @@ stops with a clear error; nothing is silently wrong and no swap file is left."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from runtime.swapdir import _start_time
 from tests.conftest import ROOT
 from tests.runtime.test_executor import train
 
@@ -62,3 +67,54 @@ def test_ctrl_c_removes_swap_files(tmp_path: Path) -> None:
     assert "KeyboardInterrupt" in err
     assert not list(tmp_path.iterdir())
 
+
+
+def kill_while_training(swap: Path) -> Path:
+    """Start training under a plan, SIGKILL it mid-run; the swap directory it leaves."""
+    before = set(swap.glob("teraio-swap-*"))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.runtime.fault_script", "forever", str(swap)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 4") or time.monotonic() > deadline:
+                break
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    (left,) = set(swap.glob("teraio-swap-*")) - before
+    assert list(left.glob("*.bin")), "nothing was on disk when the run was killed"
+    return left
+
+
+def test_a_killed_runs_swap_files_are_removed_by_the_next_run_and_by_teraio_clean(tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer, a preempted node) leaves swap files: the next run on that swap
+    directory removes them and says how much it freed; `teraio clean` does it on request.
+    A directory whose owner lives, or that has no owner record, is left alone."""
+    from tests.conftest import run_teraio
+
+    alive = tmp_path / "teraio-swap-alive"
+    alive.mkdir()
+    (alive / "owner.json").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                                  "start": _start_time(os.getpid())}))
+    unowned = tmp_path / "teraio-swap-old"
+    unowned.mkdir()
+
+    left = kill_while_training(tmp_path)
+    r = run_teraio("clean", "--swap-dir", tmp_path, "--dry-run")
+    assert r.returncode == 0 and left.exists() and str(left) in r.stdout
+    r = run_teraio("clean", "--swap-dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not left.exists() and str(left) in r.stdout
+    assert re.search(r"removed 1 swap directories of runs that are gone, (?!0\.0 )[\d.,]+ MiB", r.stderr)
+    assert f"left {unowned}: no owner record" in r.stderr
+    assert alive.exists() and unowned.exists()
+
+    left = kill_while_training(tmp_path)
+    r = run_fault("fsize", tmp_path, "3")
+    assert r.returncode == 0, r.stderr
+    assert not left.exists()
+    assert re.search(r"removed 1 swap directories left by runs that were killed \((?!0\.0 )[\d.,]+ MiB freed\)",
+                     r.stderr)
+    assert alive.exists() and unowned.exists()

@@ -1,0 +1,109 @@
+"""What changes at an iteration boundary: a pure function of the plan and the executor's state,
+tested here without torch (NOTE [ Boundaries ] in runtime.boundary)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from planner.plan import Migration, Plan
+from profiles.ids import CARRIED_FLAG, produced_id
+from runtime.boundary import Ending, Schedule, at_boundary
+from tests.conftest import ROOT
+
+N = 10  # ops per iteration
+GRAD = produced_id(7, 0)  # a gradient made in backward; persistent number 3 after the boundary
+BATCH = produced_id(1, 0)  # the last batch, alive across the boundary
+STATE = 5  # an optimizer state, persistent
+
+
+def migration(tid: int, action: str, trigger: int, size: int = 100, start: int = 8, end: int = N + 2,
+              name: str | None = None) -> Migration:
+    return Migration(tensor_id=tid, size_bytes=size, action=action, place="ssd", trigger_op=trigger,
+                     deadline_op=(trigger + 1) % N, start_us=None, end_us=None, urgent=False, priority=0,
+                     wraps=end >= N, period_start_op=start, period_end_op=end, name=name)
+
+
+def plan(first_carried: dict[int, int] | None = None) -> Plan:
+    moves = [
+        migration(STATE, "offload", 9, start=8, end=N + 2),  # out across the boundary
+        migration(STATE, "prefetch", 1, start=8, end=N + 2),
+        migration(GRAD, "offload", 8, start=7, end=N + 3, name="w.grad"),  # trailing, out
+        migration(BATCH, "offload", 3, size=40, start=2, end=N),  # trailing, out
+        migration(produced_id(4, 0), "offload", 5, start=4, end=7),  # inside the iteration
+        migration(produced_id(4, 0), "prefetch", 6, start=4, end=7),
+    ]
+    first = None
+    if first_carried is not None:
+        first = Plan(signature="first", parameters={"gpu_mem_bytes": 900}, summary={}, migrations={0: []},
+                     op_names={0: ["a"] * 12}, carried_into_next={0: first_carried})
+    return Plan(signature="s", parameters={"gpu_mem_bytes": 800}, summary={}, migrations={0: moves},
+                op_names={0: [f"op{i}" for i in range(N)]}, first=first)
+
+
+def sizes(known: dict[int, int]):  # type: ignore[no-untyped-def]
+    return known.get
+
+
+def test_the_plan_says_what_is_out_when_an_iteration_begins() -> None:
+    out = plan().out_at_boundary(0)
+    assert sorted(m.tensor_id for m in out) == sorted([STATE, GRAD, BATCH])
+
+
+def test_after_a_followed_iteration_nothing_moves_and_ids_follow_the_renaming() -> None:
+    renamed = {BATCH: BATCH | CARRIED_FLAG, GRAD: 3, 7: 8}
+    b = at_boundary(plan(), 0, Ending.STEADY, renamed=renamed, names={"w.grad": 3},
+                    live_bytes=sizes({}), out={STATE, 3, BATCH | CARRIED_FLAG})
+    assert b.plan_ids == {BATCH: BATCH | CARRIED_FLAG, GRAD: 3}  # transient ids only
+    assert b.send_out == () and b.bring_back == ()
+
+
+def test_after_an_iteration_on_demand_the_plans_memory_is_restored() -> None:
+    """What the plan has out goes out (found by persistent id or by name), what else is out
+    comes back; a transient id of the iteration run on demand means nothing."""
+    live = {STATE: 100, 3: 100, BATCH | CARRIED_FLAG: 40, 11: 64}
+    b = at_boundary(plan(), 0, Ending.ON_DEMAND, renamed={BATCH: BATCH | CARRIED_FLAG, GRAD: 3},
+                    names={"w.grad": 3}, live_bytes=sizes(live), out={11})
+    assert b.plan_ids == {GRAD: 3}
+    assert sorted((tid, m.tensor_id) for tid, m in b.send_out) == [(3, GRAD), (STATE, STATE)]
+    assert b.bring_back == (11,)
+
+
+def test_what_is_out_already_stays_out_and_another_size_is_left_alone() -> None:
+    live = {STATE: 100, 3: 99}  # the gradient has another size: not the plan's tensor
+    b = at_boundary(plan(), 0, Ending.ON_DEMAND, renamed={}, names={"w.grad": 3}, live_bytes=sizes(live),
+                    out={STATE})
+    assert b.send_out == () and b.bring_back == ()
+    assert GRAD not in b.plan_ids  # later events of the plan's gradient must not find it
+
+
+def test_after_iteration_0_the_profiles_map_names_what_it_hands_on() -> None:
+    """Under the steady id, and under that id with the carried flag (the old copy of a storage
+    that overlaps its successor)."""
+    made_in_0 = produced_id(31, 0) | CARRIED_FLAG
+    live = {made_in_0: 40, STATE: 100}
+    b = at_boundary(plan({BATCH: made_in_0}), 0, Ending.FIRST, renamed={}, names={},
+                    live_bytes=sizes(live), out=set())
+    assert b.plan_ids[BATCH] == b.plan_ids[BATCH | CARRIED_FLAG] == made_in_0
+    assert sorted(tid for tid, _ in b.send_out) == sorted([made_in_0, STATE])
+    # the map is iteration 0's: after iteration 0 ran on demand it is not trusted
+    b = at_boundary(plan({BATCH: made_in_0}), 0, Ending.ON_DEMAND, renamed={}, names={},
+                    live_bytes=sizes(live), out=set())
+    assert BATCH not in b.plan_ids and [tid for tid, _ in b.send_out] == [STATE]
+
+
+def test_a_schedule_starts_offloads_before_prefetches_at_one_op() -> None:
+    p = plan()
+    moves = [migration(1, "prefetch", 2), migration(2, "offload", 2, start=1, end=4)]
+    p = Plan(signature="s", parameters={"gpu_mem_bytes": 800}, summary={}, migrations={0: moves},
+             op_names=p.op_names)
+    s = Schedule.of(p, 0)
+    assert [m.action for m in s.triggers[2]] == ["offload", "prefetch"]
+    assert s.deadlines[3] == (2,) and s.budget_bytes == 800 and s.num_ops == N
+
+
+def test_the_boundary_logic_needs_no_torch() -> None:
+    code = "import sys, runtime.boundary; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
