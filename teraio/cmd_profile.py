@@ -140,7 +140,7 @@ def profile(
                 train(train_cfg, steps=warmup + iters + 1)
             else:
                 assert script is not None
-                run_script(script, args)
+                run_script(script, args, passthrough=(IrregularIterations,))
     except ProfileComplete:
         completed = True
     except IrregularIterations as exc:
@@ -172,8 +172,11 @@ def profile(
                                  "num_micro_batches": train_cfg.num_micro_batches}
     prof = tracer.profile(meta)
     for skipped in prof.meta["skipped_iterations"]:
-        info(f"iteration {skipped['iteration']} is not in the profile: {skipped['reason']} (an "
-             "evaluation or checkpoint between steps? `teraio run` runs such iterations on demand)")
+        why = ("its tensor sizes differ (a smaller last batch, or dynamic padding? pad to one "
+               "shape for every step to be planned)" if skipped["sizes_only"] else
+               "an evaluation or checkpoint between steps?")
+        info(f"iteration {skipped['iteration']} is not in the profile: {skipped['reason']} ({why}); "
+             "`teraio run` runs iterations like it on demand")
     not_resizable = int((~prof.tensors["resizable"]).sum())
     if not_resizable:
         info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory or DLPack "

@@ -264,8 +264,9 @@ class Tracer(OpStream):
         if len(group) >= self.iters:
             self.done = [t for _, t in group]
             kept = {it for it, _ in group}
-            self.skipped = [{"iteration": it, "reason": _difference(group[0][1], t)[0]}
-                            for g in self.groups.values() for it, t in g if it not in kept]
+            self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only}
+                            for g in self.groups.values() for it, t in g if it not in kept
+                            for why, sizes_only in [_difference(group[0][1], t)]]
         biggest = max(self.groups.values(), key=len)
         summary["recorded"] = group is biggest
         if group is not biggest:

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.compat.harness import SCRIPTS, assert_identical, assert_within_budget, compare
+from tests.conftest import run_teraio
 
 pytest.importorskip("transformers")
 
@@ -93,3 +94,15 @@ def test_a_compiled_model_runs_eagerly_and_says_so(tmp_path: Path) -> None:
     assert "compiled code runs eagerly under teraio" in teraio.profile_stderr
     assert teraio.report is not None and teraio.report["compiled"] == ["Sequential"]
     assert_within_budget(teraio)
+
+
+def test_shapes_that_change_every_step_are_reported_with_what_to_do(tmp_path: Path) -> None:
+    """Dynamic padding: no two steps alike. `teraio profile` says so and what to do, exits 2
+    and writes no profile (planning for several shapes is a later step)."""
+    r = run_teraio("profile", SCRIPTS / "dynamic_padding.py", "--out", tmp_path / "profile", cwd=tmp_path,
+                   timeout=300)
+    assert r.returncode == 2, r.stderr
+    error = r.stderr.strip().splitlines()[-1]
+    assert error.startswith("teraio: error: no 2 of the 6 recorded iterations are alike")
+    assert "tensor sizes change from step to step" in error and "pad or bucket" in error
+    assert not (tmp_path / "profile").exists()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from planner.problem import first_problem
-from profiles import memory_curve, read_profile
+from profiles import memory_curve, read_profile, write_profile
 from tests.conftest import ROOT, run_teraio
 from torch_patch import ProfileComplete, Tracer, mark_iteration
 from torch_patch.identity import CARRIED_FLAG
@@ -182,3 +182,37 @@ def test_mark_iteration_without_optimizer() -> None:
 
 def test_example_script_runs_unchanged() -> None:
     assert (ROOT / "examples" / "train_gpt.py").is_file()
+
+
+def test_storages_born_outside_the_traced_ops_have_rows_and_stable_ids(tmp_path: Path) -> None:
+    """A batch made on another thread, one from ``torch.from_numpy`` and one through DLPack:
+    each has a row (an input, the same id every step), the profile reads back, and the two
+    whose memory numpy owns are marked as not resizable."""
+    import threading
+
+    import numpy as np
+
+    def batches(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        made: dict[str, torch.Tensor] = {}
+        worker = threading.Thread(target=lambda: made.update(t=torch.full((16, 8), float(step))))
+        worker.start()
+        worker.join()
+        return (made["t"], torch.from_numpy(np.full((16, 8), step, np.float32)),
+                torch.from_dlpack(np.full((16, 8), -step, np.float32)))
+
+    tracer = Tracer(warmup=1, iters=2)
+    with pytest.raises(ProfileComplete), tracer:
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(5):
+            threaded, from_numpy, from_dlpack = batches(step)
+            loss = sum(model(x).sum() for x in (threaded, from_numpy, from_dlpack))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    p = read_profile(write_profile(tracer.profile({}), tmp_path / "p"))
+    assert p.iterations == [1, 2] and not p.meta["skipped_iterations"]
+    inputs = p.tensors[(p.tensors["kind"] == "input") & (p.tensors["size_bytes"] == 16 * 8 * 4)
+                       & (p.tensors["alloc_op"] >= 0)]  # made this step (the last step's may live on)
+    assert len(inputs) == 3
+    assert sorted(inputs["resizable"]) == [False, False, True]
