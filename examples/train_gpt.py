@@ -115,6 +115,8 @@ def main() -> None:
     p.add_argument("--foreach", action="store_true",
                    help="AdamW's multi-tensor (foreach) implementation, PyTorch's default on CUDA: "
                         "one op updates every parameter at once")
+    p.add_argument("--compile", action="store_true",
+                   help="train the model through torch.compile (under teraio it runs eagerly)")
     p.add_argument("--save", help="write the final parameters here (torch.save of state_dict)")
     p.add_argument("--timing", action="store_true",
                    help="also print each step's wall time, its peak RSS (MiB, Linux) and on CUDA its "
@@ -129,6 +131,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(args.seed)
     model = GPT(args.vocab, args.seq, args.layers, args.hidden, args.heads).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=True if args.foreach else None)
+    step_model = torch.compile(model) if args.compile else model
     for step in range(args.steps):
         if args.timing:
             reset_peak_rss()
@@ -136,7 +139,7 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         tokens = batch(gen, args.vocab, args.batch, args.seq, args.device)
-        logits = model(tokens[:, :-1])
+        logits = step_model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
