@@ -1,0 +1,103 @@
+"""The distributed example trainers under torchrun: 2 processes, CPU, gloo.
+
+Each trains the small GPT of ``tests/conftest.py`` twice: the loss falls, the two
+runs print the same losses and save the same parameters, bit for bit, and the
+saved parameters are the GPT's. With one process, DDP and FSDP2 train exactly
+as ``train_gpt.py`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import EXAMPLE, ROOT, SMALL_GPT
+
+EXAMPLES = ROOT / "examples"
+STEPS = 6
+# 4 layers so that interleaved 1F1B and ZB-V have a block per stage (4 stages on 2 ranks);
+# a learning rate at which 6 steps take the loss well down.
+ARGS = [*SMALL_GPT, "--layers", "4", "--batch", "8", "--steps", str(STEPS), "--lr", "1e-2"]
+LINE = re.compile(r"step (\d+) loss (\S+)")
+TIMEOUT_S = 120
+# One intra-op thread per process, as torchrun sets for more than one process per node: the
+# bits of a result depend on the thread count, and 2 cores spin-wait less.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def torchrun(script: str, nproc: int, *args: str | Path) -> list[str]:
+    """Run ``examples/SCRIPT`` under ``python -m torch.distributed.run``; its loss lines'
+    values as printed (repr text, so equal text is equal bits).
+
+    ``--standalone`` has torchrun bind a free port for its rendezvous itself (no race
+    between finding a port and using it). On a timeout torchrun gets SIGTERM, which it
+    passes on to its workers (each in a session of its own) before it exits."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", str(EXAMPLES / script), *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        pytest.fail(f"{script} ran past {TIMEOUT_S} s")
+    assert proc.returncode == 0, err[-4000:]
+    found = [LINE.fullmatch(line) for line in out.splitlines()]
+    steps = [(int(m[1]), m[2]) for m in found if m]
+    assert [n for n, _ in steps] == list(range(STEPS)), out  # one line per step, printed once
+    return [loss for _, loss in steps]
+
+
+def gpt_keys() -> set[str]:
+    from examples.train_gpt import GPT  # the package import: examples/ has no __init__
+    return set(GPT(128, 32, 4, 64, 2).state_dict())
+
+
+def check_two_runs(script: str, tmp_path: Path, *args: str, per_rank: bool = False) -> None:
+    runs = [torchrun(script, 2, *ARGS, *args, "--save", tmp_path / f"run{i}.pt") for i in (0, 1)]
+    assert runs[0] == runs[1]
+    losses = [float(x) for x in runs[0]]
+    assert losses[-1] < losses[0] - 0.2, losses
+    suffixes = [".rank0", ".rank1"] if per_rank else [""]
+    saved = [[torch.load(tmp_path / f"run{i}.pt{s}") for s in suffixes] for i in (0, 1)]
+    for a, b in zip(*saved, strict=True):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    keys = [set(state) for state in saved[0]]
+    assert set().union(*keys) == gpt_keys()
+    assert sum(map(len, keys)) == len(gpt_keys())  # no parameter on two ranks
+
+
+def test_ddp_trains_and_repeats(tmp_path: Path) -> None:
+    check_two_runs("train_gpt_ddp.py", tmp_path, "--bucket-cap-mb", "0.1")
+
+
+def test_fsdp_trains_and_repeats(tmp_path: Path) -> None:
+    check_two_runs("train_gpt_fsdp.py", tmp_path)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b", "zbv"])
+def test_pipeline_trains_and_repeats(tmp_path: Path, schedule: str) -> None:
+    check_two_runs("train_gpt_pp.py", tmp_path, "--schedule", schedule, per_rank=True)
+
+
+def test_one_process_is_train_gpt() -> None:
+    """A world of one: DDP's all-reduce and FSDP2's collectives change no bit."""
+    plain = subprocess.run([sys.executable, str(EXAMPLE), *ARGS], capture_output=True, text=True,
+                           cwd=ROOT, env=ENV, timeout=TIMEOUT_S)
+    assert plain.returncode == 0, plain.stderr
+    expected = [m[2] for m in map(LINE.fullmatch, plain.stdout.splitlines()) if m]
+    assert len(expected) == STEPS
+    for script in ("train_gpt_ddp.py", "train_gpt_fsdp.py"):
+        assert torchrun(script, 1, *ARGS) == expected, script
