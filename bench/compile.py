@@ -69,7 +69,8 @@ def main() -> None:
     print(f"teraio tracked peak {max(tracked):,.1f} MiB, {max(tracked) * 2**20 / budget:.3f} of the budget")
     print(f"losses: teraio {'==' if seen['teraio'] == seen['eager'] else '!='} eager, "
           f"compiled {'==' if seen['compiled'] == seen['eager'] else '!='} eager")
-    print(f"compiled_over_eager={med['compiled'] / med['eager']:.3f} teraio_over_eager={med['teraio'] / med['eager']:.3f} "
+    print(f"compiled_over_eager={med['compiled'] / med['eager']:.3f} "
+          f"teraio_over_eager={med['teraio'] / med['eager']:.3f} "
           f"teraio_over_compiled={med['teraio'] / med['compiled']:.3f} "
           f"teraio_tracked_over_budget={max(tracked) * 2**20 / budget:.3f}")
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profiles.errors import ProfileFormatError
-from profiles.schema import ACCESS_KINDS, FORMAT, PHASES, TABLE_SCHEMAS, TENSOR_KINDS, V1_FORMAT
+from profiles.schema import ACCESS_KINDS, DEFAULTS, FORMAT, PHASES, TABLE_SCHEMAS, TENSOR_KINDS, V1_FORMAT
 
 __all__ = ["Profile", "find_newest_profile", "read_profile", "write_profile"]
 
@@ -78,6 +78,9 @@ class Profile:
 
 def _to_table(df: pd.DataFrame, name: str) -> pa.Table:
     schema = TABLE_SCHEMAS[name]
+    defaults = {k: v for k, v in DEFAULTS.get(name, {}).items() if k not in df.columns}
+    if defaults:
+        df = df.assign(**defaults)
     missing = [f.name for f in schema if f.name not in df.columns]
     if missing:
         raise ValueError(f"{name} table lacks columns {missing}")
@@ -130,15 +133,16 @@ def _read_table(path: Path, name: str, version: str) -> pd.DataFrame:
         raise ProfileFormatError(file, f"format {found!r}, expected {version!r} as in meta.json; "
                                        "re-run `teraio profile`")
     expected = TABLE_SCHEMAS[name].remove_metadata()
-    if version == V1_FORMAT and name == "tensors":
-        expected = expected.remove(expected.get_field_index("resizable"))
+    new_in_2 = DEFAULTS.get(name, {}) if version == V1_FORMAT else {}
+    for column in new_in_2:
+        expected = expected.remove(expected.get_field_index(column))
     if table.schema.remove_metadata() != expected:
         raise ProfileFormatError(
             file, f"columns {table.schema.names} do not match the {version} schema {expected.names}"
         )
     df = table.to_pandas()
-    if version == V1_FORMAT and name == "tensors":
-        df["resizable"] = True  # version 1 did not record it (docs/formats.md, versions)
+    if new_in_2:  # what version 1 did not record (docs/formats.md, versions)
+        df = df.assign(**new_in_2)[TABLE_SCHEMAS[name].names]
     return df
 
 

@@ -4,8 +4,8 @@ The whole format (every table, column, ``meta.json`` key, unit and meaning) is
 written down in ``docs/formats.md``; this module is its code. Times are
 microseconds and sizes bytes everywhere. The format string is stored in each
 schema's metadata and in ``meta.json``; readers refuse anything but version 2
-and version 1, which they upgrade (``V1_FORMAT``: no ``resizable`` column,
-read as resizable).
+and version 1, which they upgrade (``V1_FORMAT``: the columns new in version 2
+are filled with ``DEFAULTS``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pyarrow as pa
 __all__ = [
     "ACCESS_KINDS",
     "ACCESSES_SCHEMA",
+    "DEFAULTS",
     "FORMAT",
     "KERNELS_SCHEMA",
     "PHASES",
@@ -45,6 +46,9 @@ KERNELS_SCHEMA = pa.schema(
         pa.field("module", pa.string(), nullable=True),
         pa.field("start_us", pa.float64(), nullable=False),  # from iteration start
         pa.field("duration_us", pa.float64(), nullable=False),
+        # The other rank of a point-to-point op (c10d send: its destination; recv: its
+        # source), -1 for every other op. New in version 2.
+        pa.field("peer", pa.int32(), nullable=False),
     ],
     metadata=_META,
 )
@@ -84,6 +88,10 @@ ACCESSES_SCHEMA = pa.schema(
     ],
     metadata=_META,
 )
+
+# Columns new in version 2, with the value a version-1 file (or a table made without
+# them) stands for.
+DEFAULTS: dict[str, dict[str, int | bool]] = {"kernels": {"peer": -1}, "tensors": {"resizable": True}}
 
 TABLE_SCHEMAS = {
     "kernels": KERNELS_SCHEMA,

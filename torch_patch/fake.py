@@ -87,6 +87,7 @@ class FakeTracer(Tracer):
             out = func(*args, **kwargs)
         rec = self._rec
         if rec is not None:
+            self._note_peer(rec, func, args)
             us = self.cost_model.op_us(func, args, kwargs, [t for _, t, _ in inputs], out)
             rec.start_ns.append(self._clock_ns)
             rec.dur_ns.append(us * 1e3)

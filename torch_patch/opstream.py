@@ -89,6 +89,7 @@ class OpInfo:
     skip: bool  # profiler bookkeeping and metadata queries: not counted, touch no data
     mutable_args: frozenset[int]  # positions of arguments the op writes
     mutable_kwargs: frozenset[str]
+    peer_arg: int | None = None  # a point-to-point op's argument holding the other rank
 
 
 def _op_info(func: Any) -> OpInfo:
@@ -97,7 +98,8 @@ def _op_info(func: Any) -> OpInfo:
     # prim::device and friends are metadata queries that only tensor subclasses (fake
     # tensors) send through dispatch modes: no op, no data, not counted.
     skip = func.namespace in ("profiler", "prim")
-    return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes))
+    peer = next((i for i, a in enumerate(args) if a.name in ("dstRank", "srcRank")), None)
+    return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer)
 
 
 class OpStream(TorchDispatchMode):

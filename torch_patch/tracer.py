@@ -22,6 +22,7 @@ profile holds iterations its reader would reject.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -104,6 +105,7 @@ class _Iteration:
         self.modules: list[str | None] = []
         self.start_ns: list[float] = []
         self.dur_ns: list[float] = []
+        self.peers: list[int] = []  # the other rank of a point-to-point op, else -1
         self.acc_op: list[int] = []
         self.acc_tid: list[int] = []
         self.acc_kind: list[int] = []
@@ -129,6 +131,9 @@ class Tracer(OpStream):
         self.warmup = warmup
         self.iters = iters
         self.max_skipped = max_skipped
+        # this process's place in a torchrun job (torch.distributed.run sets both)
+        self.rank = int(os.environ.get("RANK", 0))
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.on_iteration = on_iteration
         self.cuda_timing = torch.cuda.is_available() if cuda_timing is None else cuda_timing
         self.sizes: dict[int, int] = {}
@@ -155,6 +160,7 @@ class Tracer(OpStream):
         rec = self._rec
         if rec is None:
             return func(*args, **kwargs)
+        self._note_peer(rec, func, args)
         if self.cuda_timing:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -169,6 +175,10 @@ class Tracer(OpStream):
             rec.start_ns.append(t0)
             rec.dur_ns.append(float(self._now() - t0))
         return out
+
+    def _note_peer(self, rec: _Iteration, func: Any, args: tuple[Any, ...]) -> None:
+        peer_arg = self._infos[func].peer_arg
+        rec.peers.append(int(args[peer_arg]) if peer_arg is not None and peer_arg < len(args) else -1)
 
     def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
@@ -358,11 +368,12 @@ class Tracer(OpStream):
             starts = [(t - self._t0) / 1e3 for t in rec.start_ns]
             durs = [d / 1e3 for d in rec.dur_ns]
         kernels = pd.DataFrame({
-            "rank": 0, "iteration": it, "op_index": range(n), "op_name": rec.op_names,
+            "rank": self.rank, "iteration": it, "op_index": range(n), "op_name": rec.op_names,
             "phase": rec.phases, "module": rec.modules, "start_us": starts, "duration_us": durs,
+            "peer": rec.peers,
         })
         accesses = pd.DataFrame({
-            "rank": 0, "iteration": it, "op_index": rec.acc_op, "tensor_id": rec.acc_tid,
+            "rank": self.rank, "iteration": it, "op_index": rec.acc_op, "tensor_id": rec.acc_tid,
             "access": np.array(["read", "write"])[np.asarray(rec.acc_kind, np.int64)],
         }).drop_duplicates(ignore_index=True)
         return kernels, self._tensor_rows(rec, rec.phases), accesses
@@ -395,7 +406,7 @@ class Tracer(OpStream):
             free_phase = phases[free - 1] if alloc < free <= len(phases) else None
             name = self.persistent.get(tid, self.labels.get(tid, (None, "")))[0]
             rows.append((
-                0, tid, self.sizes[tid], self._kind(tid, self.alloc_phase.get(tid), free_phase),
+                self.rank, tid, self.sizes[tid], self._kind(tid, self.alloc_phase.get(tid), free_phase),
                 self.dtypes.get(tid, "uint8"), name,
                 alloc < 0 and free < 0 or (alloc >= 0 and 0 <= free <= alloc),
                 alloc, free, self.resizable.get(tid, True),
@@ -421,8 +432,8 @@ class Tracer(OpStream):
             "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "device_memory_bytes": torch.cuda.get_device_properties(0).total_memory
             if device == "cuda" else None,
-            "world_size": 1,
-            "ranks": [0],
+            "world_size": self.world_size,
+            "ranks": [self.rank],
             "iterations": [int(i) for i in kernels["iteration"].unique()],
             "iterations_identical": True,  # NOTE [ Steady iterations ]
             "skipped_iterations": self.skipped,

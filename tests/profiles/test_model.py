@@ -38,7 +38,7 @@ def tiny_profile() -> Profile:
         "op_name": ["aten.mm", "aten.relu", "aten.sum", "aten.mm"],
         "phase": ["forward", "forward", "forward", "backward"],
         "module": ["l1", None, None, "l1"],
-        "start_us": [0.0, 10.0, 20.0, 30.0], "duration_us": [10.0, 10.0, 10.0, 10.0],
+        "start_us": [0.0, 10.0, 20.0, 30.0], "duration_us": [10.0, 10.0, 10.0, 10.0], "peer": -1,
     })
     tensors = pd.DataFrame({
         "rank": 0, "tensor_id": [0, 1, 2], "size_bytes": [100, 10, 1],
@@ -127,11 +127,11 @@ def test_damaged_and_foreign_files_are_named(tmp_path: Path) -> None:
 
 
 def as_version_1(out: Path) -> None:
-    """Rewrite profile ``out`` as teraio 0.1 wrote it: format 1, no ``resizable`` column."""
+    """Rewrite profile ``out`` as teraio 0.1 wrote it: format 1, no ``resizable`` or ``peer``."""
     for name in ("kernels", "tensors", "accesses"):
         table = pq.read_table(out / f"{name}.parquet")
-        if name == "tensors":
-            table = table.drop(["resizable"])
+        if name in ("tensors", "kernels"):
+            table = table.drop(["resizable" if name == "tensors" else "peer"])
         pq.write_table(table.replace_schema_metadata({b"format": b"teraio-profile/1"}), out / f"{name}.parquet")
     meta = json.loads((out / "meta.json").read_text())
     (out / "meta.json").write_text(json.dumps({**meta, "format": "teraio-profile/1"}))
@@ -146,6 +146,7 @@ def test_a_version_1_profile_reads_as_version_2_with_every_storage_resizable(tmp
     back = read_profile(out)
     assert list(back.tensors.columns) == TENSORS_SCHEMA.names
     assert back.tensors["resizable"].tolist() == [True, True, True]
+    assert list(back.kernels.columns) == KERNELS_SCHEMA.names and (back.kernels["peer"] == -1).all()
     again = write_profile(back, tmp_path / "again")  # written back as version 2
     assert json.loads((again / "meta.json").read_text())["format"] == FORMAT == "teraio-profile/2"
     pq.write_table(pq.read_table(out / "kernels.parquet").replace_schema_metadata({b"format": FORMAT.encode()}),
