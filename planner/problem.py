@@ -8,6 +8,13 @@ planner computes about it (windows, bandwidth, memory) lives on this unrolled
 axis ``[0, 2 * num_ops)`` and is folded back modulo ``num_ops``, because every
 iteration runs the same plan.
 
+NOTE [ Busy in a collective ]: a c10d op (all-reduce, all-gather, send, recv...)
+returns before its transfer is done; the backend's threads read and write its
+tensors until a wait that no dispatch mode sees (docs/distributed-notes.md). So
+a tensor stays active from a collective to its next access (a correct program
+waits before it touches it again): the inactive period that starts at a
+collective, trailing ones included, is never planned.
+
 NOTE [ Trailing periods ]: a period with ``reads_back`` false runs from a
 storage's last access to its death: ``end_op`` is the op at which it is no
 longer alive (``>= num_ops``: it dies in the next iteration), not a use. Such
@@ -77,9 +84,13 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
     kernels = profile.kernels_of(rank, iteration)
     periods = inactive_periods(profile, rank, iteration)
     tensors = profile.tensors_of(rank)
-    # A storage that cannot be freed in place (numpy- or shared-memory-backed) is never moved.
+    # A storage that cannot be freed in place (numpy- or shared-memory-backed) is never moved;
+    # nor is one between a collective and its next use (NOTE [ Busy in a collective ]).
     fixed = tensors["tensor_id"][~tensors["resizable"]] if "resizable" in tensors else pd.Series([], dtype=np.int64)
-    periods = periods[(periods["size_bytes"] > 0) & ~periods["tensor_id"].isin(fixed)]
+    names = kernels["op_name"].to_numpy(object)
+    busy = np.array([str(names[k % len(names)]).startswith("c10d.") for k in periods["start_op"]], bool) \
+        if len(names) else np.zeros(len(periods), bool)
+    periods = periods[(periods["size_bytes"] > 0) & ~periods["tensor_id"].isin(fixed) & ~busy]
     named = tensors[tensors["name"].notna() & tensors["tensor_id"].isin(periods["tensor_id"])]
     return PlanProblem(
         rank=rank,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from profiles.errors import ProfileFormatError, TeraioError
 
 if TYPE_CHECKING:
-    from profiles.model import Profile, find_newest_profile, read_profile, write_profile
+    from profiles.model import Profile, find_newest_profile, merge_ranks, read_profile, write_profile
     from profiles.schema import FORMAT
     from profiles.views import active_bytes, inactive_periods, iteration_time_us, live_intervals, memory_curve
 
@@ -21,6 +21,7 @@ _LAZY = {
     "FORMAT": "profiles.schema",
     "Profile": "profiles.model",
     "find_newest_profile": "profiles.model",
+    "merge_ranks": "profiles.model",
     "read_profile": "profiles.model",
     "write_profile": "profiles.model",
     "active_bytes": "profiles.views",
@@ -41,6 +42,7 @@ __all__ = [
     "iteration_time_us",
     "live_intervals",
     "memory_curve",
+    "merge_ranks",
     "read_profile",
     "write_profile",
 ]

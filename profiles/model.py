@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from profiles.errors import ProfileFormatError
 from profiles.schema import ACCESS_KINDS, DEFAULTS, FORMAT, PHASES, TABLE_SCHEMAS, TENSOR_KINDS, V1_FORMAT
 
-__all__ = ["Profile", "find_newest_profile", "read_profile", "write_profile"]
+__all__ = ["Profile", "find_newest_profile", "merge_ranks", "read_profile", "write_profile"]
 
 META_FILE = "meta.json"
 FIRST_DIR = "first_iteration"  # NOTE [ The first iteration ]
@@ -74,6 +74,36 @@ class Profile:
 
     def tensors_of(self, rank: int = 0) -> pd.DataFrame:
         return self.tensors[self.tensors["rank"] == rank].reset_index(drop=True)
+
+
+def merge_ranks(parts: list[Profile]) -> Profile:
+    """One profile of a job from its ranks' own profiles (each of one rank): the tables side
+    by side (their ``rank`` column tells them apart), ``meta`` of the lowest rank with the
+    job's ``ranks``, per-rank ``signatures``, ``carried_into_next`` and set-aside iterations.
+    """
+    parts = sorted(parts, key=lambda p: p.ranks[0])
+    ranks = [r for p in parts for r in p.ranks]
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"ranks {ranks} appear more than once")
+
+    def meta(key: str) -> dict[str, Any]:
+        return {k: v for p in parts for k, v in p.meta.get(key, {}).items()}
+
+    merged = {
+        **parts[0].meta, "ranks": ranks, "signatures": meta("signatures"),
+        "skipped_iterations": [{**s, "rank": p.ranks[0]} for p in parts for s in p.meta.get("skipped_iterations", [])],
+        "compiled": sorted({c for p in parts for c in p.meta.get("compiled", [])}),
+    }
+    if "carried_into_next" in parts[0].meta:
+        merged["carried_into_next"] = meta("carried_into_next")
+    firsts = [p.first for p in parts if p.first is not None]
+    return Profile(
+        meta=merged,
+        kernels=pd.concat([p.kernels for p in parts], ignore_index=True),
+        tensors=pd.concat([p.tensors for p in parts], ignore_index=True),
+        accesses=pd.concat([p.accesses for p in parts], ignore_index=True),
+        first=merge_ranks(firsts) if len(firsts) == len(parts) else None,
+    )
 
 
 def _to_table(df: pd.DataFrame, name: str) -> pa.Table:

@@ -86,7 +86,7 @@ def _sweep(swap_dir: str | os.PathLike[str] | None) -> None:
 def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[str] | None = None,
             backend: str = "auto", host_mem_bytes: int | None = None,
             report: str | os.PathLike[str] | None = None, num_workers: int = 2,
-            rank: int = 0) -> Iterator[PlanExecutor]:
+            rank: int | None = None) -> Iterator[PlanExecutor]:
     """Train under ``plan``: the body's ops run with the plan's transfers carried out.
 
     Results are bit-identical to running the body without it. Every tensor
@@ -94,8 +94,11 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     error and on Ctrl-C (SIGTERM is turned into ``SystemExit``). A tensor that
     cannot be brought back at exit keeps its bytes in a ``teraio-kept-*``
     directory, and ``SwapKeptError`` names them (chained to the exception that
-    ended the block, if one did).
+    ended the block, if one did). ``rank``: which rank's section of the plan to
+    follow; by default torchrun's ``RANK`` (0 outside a job).
     """
+    if rank is None:
+        rank = int(os.environ.get("RANK", 0))
     run_plan = plan if isinstance(plan, Plan) else load_plan(plan)
     if torch.cuda.is_available():
         why = first_iteration_warning(run_plan, torch.cuda.mem_get_info()[1])
@@ -198,6 +201,7 @@ def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, A
         "failed_writes": s.failed_writes,
         "not_resizable": s.not_resizable,
         "save_fetches": s.save_fetches,
+        "other_sizes": s.other_sizes,
         "compiled": executor.compiled,
         "bytes_written": written,
         "bytes_read": read,

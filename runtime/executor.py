@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import signal
 import threading
 import time
 import warnings
@@ -90,6 +91,7 @@ class RunStats:
     iteration_followed: list[bool] = field(default_factory=list)  # followed its plan to the end
     not_resizable: list[str] = field(default_factory=list)  # planned tensors kept: not freeable
     save_fetches: int = 0  # offloaded tensors brought back for a torch.save (and freed again)
+    other_sizes: int = 0  # planned offloads left out: their storage had another size
 
 
 # NOTE [ Copy streams ]: a worker's device copies run on a CUDA stream of its own
@@ -151,6 +153,9 @@ class PlanExecutor(OpStream):
         self.unfollowed: list[dict[str, Any]] = []  # steady iterations run on demand, and where
         self.matched_iterations = 0
         self._renamed: dict[int, int] = {}  # the renaming at the last boundary
+        self._offloads_started = 0  # in this iteration, NOTE [ Other sizes ]
+        self._other_sizes = 0
+        self._first_other_size: str | None = None
         self._ending = Ending.ON_DEMAND  # how the iteration before went
         self._warned: set[str] = set()
         self._keys = itertools.count()
@@ -232,6 +237,12 @@ class PlanExecutor(OpStream):
             entry.backend.delete(entry.key)
 
     # ---- following the plan --------------------------------------------------------
+    # NOTE [ Other sizes ]: a planned offload whose storage has another size than the plan's
+    # is of another tensor: a schedule that orders some ops differently from step to step
+    # (PyTorch's ZB-V accumulates weight gradients in a set's order) gives an op's output
+    # another role. That move is left out and the iteration goes on following the plan. An
+    # iteration where more planned offloads find another size than the plan's size counts
+    # as one that left the plan: a plan made for a model of another size is refused so.
     def _leave(self, where: str) -> None:
         """Run the rest of this iteration on demand (NOTE [ Boundaries ] in runtime.boundary)."""
         self.schedule = None
@@ -262,9 +273,13 @@ class PlanExecutor(OpStream):
             if storage is None or tid in self.moved:
                 return
             if storage.nbytes() != m.size_bytes:
-                self._leave(f"op {m.trigger_op}: tensor {tid} has {storage.nbytes()} bytes, the plan "
-                            f"expects {m.size_bytes}")
+                # Another storage than the plan's (NOTE [ Other sizes ]): left alone.
+                self._other_sizes += 1
+                if self._first_other_size is None:
+                    self._first_other_size = (f"op {m.trigger_op}: tensor {tid} has {storage.nbytes()} "
+                                              f"bytes, the plan expects {m.size_bytes}")
                 return
+            self._offloads_started += 1
             self._offload(tid, storage, m.place, m.urgent, m.name)
             return
         if tid not in self.moved and tid in self.plan_ids:
@@ -284,11 +299,12 @@ class PlanExecutor(OpStream):
 
     def _offload(self, tid: int, storage: torch.UntypedStorage, target: str, urgent: bool,
                  name: str | None = None) -> None:
-        if not storage.resizable():
+        if not storage.resizable() or storage in self.foreign_resized:
             what = self._describe(tid, name)
             self.stats.not_resizable.append(what)
             self._warn_once("fixed", f"{what} cannot be freed in place (its memory belongs to numpy, "
-                            "shared memory or DLPack), so it stays in memory; so does every such tensor")
+                            "shared memory or DLPack, or another library resizes it, as FSDP2 does its "
+                            "unsharded parameters), so it stays in memory; so does every such tensor")
             return
         backend = self.backends[target]
         key = next(self._keys)
@@ -570,6 +586,12 @@ class PlanExecutor(OpStream):
         if schedule is not None and self.op_index != schedule.num_ops:
             self._leave(f"{self.op_index} ops, the plan expects {schedule.num_ops}")
             schedule = None
+        elif schedule is not None and self._other_sizes > self._offloads_started:
+            self._leave(f"{self._first_other_size} (and {self._other_sizes - 1} more tensors of other sizes)")
+            schedule = None
+        self.stats.other_sizes += self._other_sizes
+        self._offloads_started = self._other_sizes = 0
+        self._first_other_size = None
         if schedule is None:
             self._ending = Ending.ON_DEMAND
             self._made = []
@@ -658,10 +680,36 @@ class PlanExecutor(OpStream):
         ``restore_errors`` (``runtime.api.offload`` keeps their bytes and names them)."""
         self.restore_errors: list[StorageIOError] = []
         try:
-            self._drain(self.restore_errors)
-            self.restore_all(self.restore_errors)
+            with _signals_held():
+                self._drain(self.restore_errors)
+                self.restore_all(self.restore_errors)
         finally:
             super().__exit__(*exc)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait for the body (bringing every tensor back at exit) to end, then
+    act as they would have: a second Ctrl-C, or a launcher stopping a job's other ranks, must
+    not leave bytes only in swap files. Main thread only; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[tuple[int, Any]] = []
+    before = {sig: h for sig in (signal.SIGINT, signal.SIGTERM) if (h := signal.getsignal(sig)) is not None}
+    for sig in before:
+        signal.signal(sig, lambda signum, frame: held.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for signum, frame in held[:1]:
+            handler = before[signal.Signals(signum)]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 class _Sink:

@@ -17,6 +17,10 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = ["byte_view", "free_storage", "realloc_storage"]
 
+# The method itself, before any teraio stream patches it (NOTE [ Storages others resize ]
+# in torch_patch.opstream): teraio's own frees are not someone else's.
+_resize = torch.UntypedStorage.resize_
+
 
 def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
     """A 1-D uint8 tensor aliasing all of ``storage`` (no op is recorded by teraio's modes)."""
@@ -25,8 +29,8 @@ def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 def free_storage(storage: torch.UntypedStorage) -> None:
-    storage.resize_(0)
+    _resize(storage, 0)
 
 
 def realloc_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
-    storage.resize_(nbytes)
+    _resize(storage, nbytes)

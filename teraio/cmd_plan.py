@@ -130,30 +130,37 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
 
 
 def plan_first(prof: Any, hw: Any) -> Any:
-    """Iteration 0's plan (NOTE [ The first iteration's plan ] in ``planner.plan``), or None
-    when the profile did not record it. Held to ``hw``'s capacity, or to the least iteration 0
-    can fit in when that is more (said in a warning)."""
+    """Iteration 0's plan (NOTE [ The first iteration's plan ] in ``planner.plan``), every rank's,
+    or None when the profile did not record it. Held to ``hw``'s capacity, or to the least
+    iteration 0 of every rank can fit in when that is more (said in a warning)."""
     from dataclasses import replace
 
     from planner import build_plan, plan_rank
     from planner.problem import first_problem, resident_need_bytes
 
-    if prof.first is None or prof.ranks != [0]:
+    if prof.first is None:
         return None
-    problem = first_problem(prof, 0)
-    if problem is None or not problem.num_ops:
+    problems = {r: p for r in prof.first.ranks if (p := first_problem(prof, r)) is not None and p.num_ops}
+    if not problems:
         return None
-    need = resident_need_bytes(problem)
-    k = int(need.argmax())
-    if need[k] > hw.gpu_mem_bytes:
+    need = {r: resident_need_bytes(p) for r, p in problems.items()}
+    worst = max(need, key=lambda r: int(need[r].max()))
+    k = int(need[worst].argmax())
+    most = int(need[worst][k])
+    if most > hw.gpu_mem_bytes:
+        where = f"rank {worst}'s op {k}" if len(problems) > 1 else f"its op {k}"
         warn(f"iteration 0 (the script's set-up, and the optimizer making its state) needs "
-             f"{_mib(need[k])} resident at its op {k} ({problem.op_names[k]}), more than "
-             f"{_mib(hw.gpu_mem_bytes)}: it is planned for {_mib(need[k])} and will go over the budget")
-    hw0 = replace(hw, gpu_mem_bytes=max(hw.gpu_mem_bytes, int(need[k])))
-    info(f"planning iteration 0: {problem.num_ops:,} ops, {problem.num_periods:,} inactive periods")
-    rank_plan = plan_rank(problem, hw0, progress=lambda line: info(f"planning iteration 0: {line}"))
-    carried = {int(steady): int(now) for steady, now in prof.first.meta.get("carried_into_next", {}).items()}
-    return build_plan({0: rank_plan}, hw0, prof.first.signature, carried_into_next={0: carried})
+             f"{_mib(most)} resident at {where} ({problems[worst].op_names[k]}), more than "
+             f"{_mib(hw.gpu_mem_bytes)}: it is planned for {_mib(most)} and will go over the budget")
+    hw0 = replace(hw, gpu_mem_bytes=max(hw.gpu_mem_bytes, most))
+    rank_plans = {}
+    for r, problem in problems.items():
+        info(f"planning iteration 0{f' of rank {r}' if len(problems) > 1 else ''}: {problem.num_ops:,} ops, "
+             f"{problem.num_periods:,} inactive periods")
+        rank_plans[r] = plan_rank(problem, hw0, progress=lambda line: info(f"planning iteration 0: {line}"))
+    carried = prof.first.meta.get("carried_into_next", {})
+    return build_plan(rank_plans, hw0, prof.first.signature, carried_into_next={
+        int(r): {int(steady): int(now) for steady, now in carried.get(str(r), {}).items()} for r in problems})
 
 
 def compare_policies(profile: Any, problem: Any, hw: Any, rank_plan: Any, rank: int) -> dict[str, dict[str, Any]]:

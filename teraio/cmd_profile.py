@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from teraio.console import EXIT_BAD_INPUT, fail, info
+from teraio.job import gather, job_place, launch, part_path, without_nproc
 
 __all__ = ["profile"]
 
 
 def _default_out(script: Path) -> Path:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")  # the same on every rank of a torchrun job
+    stamp = f"job-{run_id[:8]}" if run_id else dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("profiles") / f"{script.stem}-{stamp}"
 
 
@@ -67,6 +71,12 @@ def profile(
              "parameters), adamw-in-backward (each parameter stepped and its gradient freed "
              "during backward; no gradient accumulation) or sgd (momentum 0.9). Default: adamw.",
         show_default=False)] = None,
+    nproc: Annotated[int | None, typer.Option(
+        min=1, help="Profile a job of this many processes on this node, started by PyTorch's "
+                    "launcher (torch.distributed.run, as torchrun --nproc-per-node does): every "
+                    "rank is traced, and one profile holds them all. Inside a torchrun job "
+                    "(`torchrun ... -m teraio profile ...`) teraio reads the rank from the "
+                    "environment instead.", show_default=False)] = None,
 ) -> None:
     """Profile SCRIPT (or, with --fake, a built-in --model): every op's timing, every tensor's
     size and accesses.
@@ -82,7 +92,13 @@ def profile(
     placeholder 1). Example: `teraio profile --fake --gpu h100 --model
     llama3-8b --batch 32 --micro-batch 1 --seq 4096`.
 
-    Exit codes: 0 done, 2 bad input, the script's own code if it fails.
+    A job of several processes (`--nproc N`, or torchrun around `-m teraio
+    profile`) writes one profile with every rank's tables; the ranks stop
+    together. Multi-node: run torchrun on every node with --out on a file
+    system they all see.
+
+    Exit codes: 0 done, 2 bad input, the script's own code if it fails (a
+    failed rank's, for a job).
     """
     model_opts = {"--batch": batch, "--micro-batch": micro_batch, "--seq": seq,
                   "--precision": precision, "--optimizer": optimizer}
@@ -105,10 +121,20 @@ def profile(
     train_cfg = _train_config(model, batch, micro_batch, seq, precision, optimizer) if model else None
     stem = script if script is not None else Path(str(model))
     out_dir = out if out is not None else _default_out(stem)
-    if out_dir.exists() and not force:
+    rank, world_size = job_place()
+    if out_dir.exists() and not force and rank == 0:
         fail(f"{out_dir} already exists; pass --force to overwrite it")
     if iters is None:
         iters = 1 if fake else 2
+    if nproc is not None:
+        if fake:
+            fail("--nproc starts real processes; a fake profile is of one rank (see --help)")
+        if world_size > 1:
+            fail("--nproc inside a torchrun job: give torchrun --nproc-per-node instead")
+        argv = without_nproc(sys.argv[1:])
+        cut = argv.index("--") if "--" in argv else len(argv)
+        launch(nproc, [*argv[:cut], "--out", str(out_dir.resolve()), "--force", *argv[cut:]])
+        return  # rank 0 printed where the profile is
 
     from profiles import write_profile
     from teraio.console import teraio_warnings
@@ -181,12 +207,30 @@ def profile(
     if not_resizable:
         info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory or DLPack "
              "memory): they stay in memory")
+    if world_size > 1:
+        prof = _job_profile(prof, out_dir, rank, world_size)
+        if prof is None:
+            return
     if out_dir.exists():
         shutil.rmtree(out_dir)
     path = write_profile(prof, out_dir, force=True)
-    info(f"profile of {len(prof.kernels_of())} ops/iteration, {len(prof.tensors)} tensors "
-         f"written to {path}")
+    for r in prof.ranks:
+        whose = f" of rank {r}" if len(prof.ranks) > 1 else ""
+        info(f"profile{whose}: {len(prof.kernels_of(r))} ops/iteration, {len(prof.tensors_of(r))} tensors")
+    info(f"written to {path}")
     print(path)
+
+
+def _job_profile(prof: Any, out_dir: Path, rank: int, world_size: int) -> Any:
+    """This rank's part of a job's profile written beside ``out_dir``; on rank 0, every
+    rank's parts merged into one profile (None on the others)."""
+    from profiles import merge_ranks, read_profile, write_profile
+
+    write_profile(prof, part_path(out_dir, rank), force=True)
+    if rank != 0:
+        info("its part of the profile is written; rank 0 writes the job's")
+        return None
+    return merge_ranks(gather(out_dir, world_size, read_profile))
 
 
 def _device_names() -> list[str]:

@@ -10,7 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from teraio.console import EXIT_BAD_INPUT, EXIT_FAILED, fail
+from teraio.console import EXIT_BAD_INPUT, EXIT_FAILED, fail, info, who
+from teraio.job import gather, job_place, launch, without_nproc, write_json_part
 
 __all__ = ["run"]
 
@@ -45,7 +46,7 @@ def _summary(r: dict[str, Any]) -> str:
                         + (f"budget {_mib(budget)}" if budget is not None else "no plan for it")
                         + (f", left its plan at {r['first_iteration_left_plan_at']}"
                            if r["first_iteration_left_plan_at"] else "") + ")")
-    return "\n".join("teraio: " + line for line in lines)
+    return "\n".join(f"{who()}: {line}" for line in lines)
 
 
 def run(
@@ -70,16 +71,25 @@ def run(
                           "of 1024). Default: the plan's --host-mem, at most 64 GiB."),
     ] = None,
     report: Annotated[
-        Path | None, typer.Option(help="Write the run report (JSON) here.")
+        Path | None, typer.Option(help="Write the run report (JSON) here; for a job, one report "
+                                       "with every rank's figures.")
     ] = None,
+    nproc: Annotated[int | None, typer.Option(
+        min=1, help="Run a job of this many processes on this node, started by PyTorch's launcher "
+                    "(torch.distributed.run, as torchrun --nproc-per-node does); each rank follows "
+                    "its own section of the plan. Inside a torchrun job (`torchrun ... -m teraio "
+                    "run ...`) teraio reads the rank from the environment instead.",
+        show_default=False)] = None,
 ) -> None:
     """Run SCRIPT with the plan carried out: same results, less memory.
 
     Tensors leave memory and come back as the plan says (urgent transfers
     first); any tensor an op needs that is not resident is brought back first,
-    so results are bit-identical to a plain run. Exit codes: 0 done, 1 an I/O
-    error, 2 bad input or a plan made for another profile, the script's own
-    code if it fails.
+    so results are bit-identical to a plain run. In a job of several
+    processes every rank runs the plan's section for its rank (a plan of
+    another job is refused), and a rank that fails stops the job. Exit codes:
+    0 done, 1 an I/O error, 2 bad input or a plan made for another profile,
+    the script's own code if it fails (a failed rank's, for a job).
     """
     if not script.is_file():
         fail(f"no such script: {script}")
@@ -99,11 +109,19 @@ def run(
         run_plan = load_plan(plan)
     except (ValueError, PlanFormatError) as exc:
         fail(str(exc))
+    rank, world_size = job_place()
+    if nproc is not None:
+        _launch_job(nproc, world_size, swap_dir)
+        return
+    planned = sorted(run_plan.op_names)
+    if rank not in run_plan.op_names or len(planned) != world_size:
+        fail(f"{plan} was made for a job of {len(planned)} ranks ({planned}); this is rank {rank} of "
+             f"{world_size}: profile this job (`teraio profile --nproc {world_size}`) and plan again")
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
         with teraio_warnings(), offload(run_plan, swap_dir=swap_dir, backend=backend,
-                                        host_mem_bytes=host_bytes) as executor:
+                                        host_mem_bytes=host_bytes, rank=rank) as executor:
             try:
                 run_script(script, list(script_args or []), passthrough=(TeraioError,))
             finally:
@@ -120,5 +138,41 @@ def run(
         fail(str(exc), EXIT_FAILED)
     r = run_report(out["executor"], run_plan, time.perf_counter() - t0)
     print(_summary(r), file=sys.stderr)
-    if report is not None:
+    if report is None:
+        return
+    if world_size == 1:
         report.write_text(json.dumps(r, indent=2) + "\n")
+        return
+    write_json_part(report, rank, r)
+    if rank == 0:
+        ranks = gather(report, world_size, lambda p: json.loads(p.read_text()))
+        report.write_text(json.dumps(job_report(ranks), indent=2) + "\n")
+
+
+def job_report(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run report for a job: every rank's, and the job's figures (an iteration of the job
+    takes as long as its slowest rank's)."""
+    times = [r["measured_iteration_s"] for r in ranks if r["measured_iteration_s"] is not None]
+    return {
+        "world_size": len(ranks),
+        "measured_iteration_s": max(times) if times else None,
+        "slowest_rank": max(range(len(ranks)), key=lambda i: ranks[i]["measured_iteration_s"] or 0.0),
+        "peak_tracked_bytes_by_rank": [r["peak_tracked_bytes"] for r in ranks],
+        "ranks": {str(i): r for i, r in enumerate(ranks)},
+    }
+
+
+def _launch_job(nproc: int, world_size: int, swap_dir: Path | None) -> None:
+    """Start the job's workers; afterwards remove what a rank killed outright left behind."""
+    from runtime.swapdir import sweep
+
+    if world_size > 1:
+        fail("--nproc inside a torchrun job: give torchrun --nproc-per-node instead")
+
+    def remove_what_killed_ranks_left() -> None:
+        swept = sweep(swap_dir)
+        if swept.removed:
+            info(f"removed the swap files of {len(swept.removed)} ranks that were killed "
+                 f"({swept.removed_bytes / 2**20:,.1f} MiB)")
+
+    launch(nproc, without_nproc(sys.argv[1:]), after=remove_what_killed_ranks_left)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -10,23 +11,30 @@ from typing import Any, NoReturn
 
 import typer
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "fail", "info", "teraio_warnings", "warn"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "fail", "info", "teraio_warnings", "warn", "who"]
 
 EXIT_FAILED = 1  # the work itself failed (I/O error, script failure without its own code)
 EXIT_BAD_INPUT = 2  # bad arguments, missing or damaged input files
 
 
+def who() -> str:
+    """``teraio``, or ``teraio[rank R]`` in a worker of a job of several processes."""
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        return f"teraio[rank {os.environ.get('RANK', '?')}]"
+    return "teraio"
+
+
 def info(message: str) -> None:
-    print(f"teraio: {message}", file=sys.stderr, flush=True)
+    print(f"{who()}: {message}", file=sys.stderr, flush=True)
 
 
 def warn(message: str) -> None:
-    print(f"teraio: warning: {message}", file=sys.stderr, flush=True)
+    print(f"{who()}: warning: {message}", file=sys.stderr, flush=True)
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print a one-line error and exit with ``code``."""
-    print(f"teraio: error: {message}", file=sys.stderr, flush=True)
+    print(f"{who()}: error: {message}", file=sys.stderr, flush=True)
     raise typer.Exit(code)
 
 

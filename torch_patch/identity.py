@@ -10,21 +10,25 @@ the storage lives, and a weak reference tells us when it is freed.
 
 from __future__ import annotations
 
+import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
-from profiles.ids import CARRIED_FLAG, INPUT_BASE, PRODUCED_BASE, input_id, produced_id
+from profiles.ids import CARRIED_FLAG, INPUT_BASE, LONG_BASE, PRODUCED_BASE, input_id, long_id, produced_id
 
 __all__ = [
     "CARRIED_FLAG",
     "INPUT_BASE",
+    "LONG_BASE",
     "PRODUCED_BASE",
     "PersistentName",
     "StorageIds",
     "input_id",
+    "long_id",
     "persistent_names",
     "produced_id",
 ]
@@ -83,21 +87,37 @@ def persistent_names(
 
 
 class StorageIds:
-    """Live storages -> tensor ids, with a callback when a tracked storage is freed."""
+    """Live storages -> tensor ids, with a callback when a tracked storage is freed.
+
+    NOTE [ Frees on other threads ]: a storage handed to a collective may be freed
+    on the backend's thread (gloo's worker drops the last reference when its Work
+    is released), while the training thread dispatches ops. The free is then only
+    queued, and applied on the owning thread at its next lookup (``get``,
+    ``assign``) or ``drain``: every id and every ``on_free`` changes on one thread.
+    A key (``id()`` of the storage object) can be reused by a new storage only
+    after the old object's weak-reference callback ran, so a lookup that drains
+    first never mistakes a new storage for the old one.
+    """
 
     def __init__(self, on_free: Callable[[int], None] | None = None) -> None:
         self._ids: dict[int, int] = {}  # id(UntypedStorage) -> tensor id
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self._keys: dict[int, int] = {}  # tensor id -> id(UntypedStorage), the latest one
+        self._thread = threading.get_ident()
+        self._pending: deque[tuple[int, weakref.ref[torch.UntypedStorage]]] = deque()
         self.on_free = on_free
 
     def __len__(self) -> int:
         return len(self._ids)
 
     def get(self, storage: torch.UntypedStorage) -> int | None:
+        if self._pending:
+            self.drain()
         return self._ids.get(id(storage))
 
     def assign(self, storage: torch.UntypedStorage, tensor_id: int) -> None:
+        if self._pending:
+            self.drain()
         key = id(storage)
         if key not in self._refs:
             self._refs[key] = weakref.ref(storage, self._make_callback(key))
@@ -111,16 +131,40 @@ class StorageIds:
         s = ref() if ref is not None else None
         return s if s is not None and self._ids.get(key) == tensor_id else None  # type: ignore[arg-type]
 
-    def _make_callback(self, key: int) -> Callable[[object], None]:
-        def freed(_: object) -> None:
-            self._refs.pop(key, None)
-            tid = self._ids.pop(key, None)
-            if tid is not None and self._keys.get(tid) == key:
-                del self._keys[tid]
-            if tid is not None and self.on_free is not None:
-                self.on_free(tid)
+    def _make_callback(self, key: int) -> Callable[[weakref.ref[torch.UntypedStorage]], None]:
+        def freed(ref: weakref.ref[torch.UntypedStorage]) -> None:
+            if threading.get_ident() != self._thread:
+                self._pending.append((key, ref))  # NOTE [ Frees on other threads ]
+            else:
+                self._free(key, ref)
 
         return freed
+
+    def _free(self, key: int, ref: weakref.ref[torch.UntypedStorage]) -> None:
+        if self._refs.get(key) is not ref:
+            return  # already applied
+        del self._refs[key]
+        tid = self._ids.pop(key, None)
+        if tid is not None and self._keys.get(tid) == key:
+            del self._keys[tid]
+        if tid is not None and self.on_free is not None:
+            self.on_free(tid)
+
+    def release(self, storage: torch.UntypedStorage) -> int | None:
+        """Forget ``storage`` as if it had been freed (``on_free`` runs), though the object lives
+        on: someone freed its memory in place. Used again, it is named anew. Its id, if any."""
+        key = id(storage)
+        ref = self._refs.get(key)
+        if ref is None or ref() is not storage:
+            return None
+        tid = self._ids.get(key)
+        self._free(key, ref)
+        return tid
+
+    def drain(self) -> None:
+        """Apply the frees that happened on other threads (owning thread only)."""
+        while self._pending:
+            self._free(*self._pending.popleft())
 
     def live(self) -> dict[int, torch.UntypedStorage]:
         """Tensor id -> storage of every tracked storage still alive."""
@@ -133,6 +177,7 @@ class StorageIds:
 
     def clear(self) -> None:
         self.on_free = None
+        self._pending.clear()
         self._ids.clear()
         self._refs.clear()
         self._keys.clear()

@@ -49,9 +49,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_patch.identity import (
     CARRIED_FLAG,
+    LONG_BASE,
     PRODUCED_BASE,
     StorageIds,
     input_id,
+    long_id,
     persistent_names,
     produced_id,
 )
@@ -60,6 +62,16 @@ __all__ = ["OpInfo", "OpStream", "active_stream", "mark_iteration"]
 
 _ACTIVE: list[OpStream] = []
 _Tensor = torch.Tensor
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _local(t: _Tensor) -> _Tensor:
+    """NOTE [ DTensors ]: a DTensor (FSDP2's parameters, gradients, optimizer state) has no
+    real storage: its ``untyped_storage()`` reports the global size and cannot be resized.
+    Its bytes are in its local shard, whose storage is the one teraio names and moves; an
+    op on DTensors counts as an access of their local storages."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, _Tensor) else t
 
 
 def _compiled_module_name(module: torch.nn.Module) -> str | None:
@@ -92,9 +104,18 @@ class OpInfo:
     peer_arg: int | None = None  # a point-to-point op's argument holding the other rank
 
 
+# NOTE [ Collectives ]: no c10d schema marks what it writes (docs/distributed-notes.md):
+# these arguments of c10d ops (all but send) and of FSDP2's copy-in op are written.
+_COLLECTIVE_WRITES = frozenset({"tensors", "output_tensors", "output_tensor", "output"})
+_OTHER_WRITES = {"fsdp.all_gather_copy_in.default": frozenset({"all_gather_output"})}
+
+
 def _op_info(func: Any) -> OpInfo:
     args = func._schema.arguments
     writes = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+    named = _COLLECTIVE_WRITES if func.namespace == "c10d" and func._schema.name != "c10d::send" \
+        else _OTHER_WRITES.get(str(func), frozenset())
+    writes += [i for i, a in enumerate(args) if a.name in named and i not in writes]
     # prim::device and friends are metadata queries that only tensor subclasses (fake
     # tensors) send through dispatch modes: no op, no data, not counted.
     skip = func.namespace in ("profiler", "prim")
@@ -120,8 +141,10 @@ class OpStream(TorchDispatchMode):
         self._stepped: set[int] = set()
         self._in_optimizer = 0
         self._explicit = False
+        self._num_long = 0  # long-lived unnamed storages numbered so far (profiles.ids)
         self.uncounted = 0  # above 0: ops pass through uncounted (torch_patch.fake, data loading)
         self.compiled: list[str] = []  # NOTE [ Compiled code ]
+        self.foreign_resized: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
         self._handles: list[Any] = []
         self._patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
         self._warning_filters: warnings.catch_warnings[None] | None = None
@@ -153,6 +176,9 @@ class OpStream(TorchDispatchMode):
     def run_uncounted(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run an op that is not counted (NOTE [ Data loading is not counted ])."""
         return func(*args, **kwargs)
+
+    def on_foreign_resize(self, storage: torch.UntypedStorage) -> None:
+        """Someone else resized ``storage`` in place (NOTE [ Storages others resize ])."""
 
     def on_compiled(self, what: str) -> None:
         """``torch.compile`` was called on ``what``, or a compiled module ran (NOTE [ Compiled
@@ -217,6 +243,8 @@ class OpStream(TorchDispatchMode):
     @staticmethod
     def _input(index: int, pos: int, t: _Tensor, write: bool,
                inputs: list[tuple[int, _Tensor, bool]], ids: StorageIds) -> int:
+        if type(t) not in _PLAIN:
+            t = _local(t)
         try:
             s = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
@@ -231,6 +259,8 @@ class OpStream(TorchDispatchMode):
     @staticmethod
     def _output(index: int, pos: int, t: _Tensor,
                 outputs: list[tuple[int, _Tensor, bool]], ids: StorageIds) -> None:
+        if type(t) not in _PLAIN:
+            t = _local(t)
         try:
             s = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
@@ -277,10 +307,16 @@ class OpStream(TorchDispatchMode):
                 new_ids[old] = number
             self.ids.assign(pn.storage, number)
             self.persistent[number] = (pn.name, pn.kind)
-        for tid, storage in self.ids.live().items():
-            if tid >= PRODUCED_BASE and not tid & CARRIED_FLAG:
-                new_ids[tid] = tid | CARRIED_FLAG
-                self.ids.assign(storage, tid | CARRIED_FLAG)
+        for tid, storage in self.ids.live().items():  # transient storages alive (profiles.ids)
+            if tid < PRODUCED_BASE or LONG_BASE <= tid < CARRIED_FLAG:
+                continue  # persistent, or long-lived already
+            if tid & CARRIED_FLAG:  # alive a whole iteration: long-lived
+                new = long_id(self._num_long)
+                self._num_long += 1
+            else:
+                new = tid | CARRIED_FLAG
+            new_ids[tid] = new
+            self.ids.assign(storage, new)
         if new_ids:
             self.renamed(new_ids)
         self.iteration += 1
@@ -351,6 +387,7 @@ class OpStream(TorchDispatchMode):
         self._patch(_dataloader.DataLoader, "__iter__", self._uncounted)
         self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._uncounted)
         self._patch(torch, "compile", self._compile)
+        self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
         # torch warns at every call of a compiled module that global module hooks (ours) fire
         # twice for it; teraio's own warning says what happens to compiled code instead.
         self._warning_filters = warnings.catch_warnings()
@@ -379,6 +416,28 @@ class OpStream(TorchDispatchMode):
                 stream.uncounted -= 1
 
         return uncounted
+
+    # NOTE [ Storages others resize ]: FSDP2 frees and refills each parameter's unsharded
+    # storage with ``untyped_storage().resize_``, the very call teraio frees with, between
+    # ops (docs/distributed-notes.md). Such a storage is someone else's to manage: every
+    # Python-level resize_ of a storage is noted (``foreign_resized``), and a noted storage
+    # is never planned (the profile marks it not resizable) nor freed by the runtime, which
+    # resizes through ``runtime.storage`` with the unpatched method. Freed in place (resized
+    # to 0), it is freed to teraio too (``StorageIds.release``): refilled, the next op that
+    # uses it names it anew, as a storage born outside the ops, so that the memory it takes
+    # between a refill and a free counts there, in profiles and at run time alike.
+    def _watching_resizes(self, resize: Any) -> Any:
+        stream = self
+
+        def resize_(storage: torch.UntypedStorage, nbytes: int) -> Any:
+            stream.foreign_resized.add(storage)
+            out = resize(storage, nbytes)
+            if nbytes == 0 and threading.get_ident() == stream._thread:
+                stream.ids.release(storage)
+            stream.on_foreign_resize(storage)
+            return out
+
+        return resize_
 
     def _registering(self, init: Any) -> Any:
         stream = self

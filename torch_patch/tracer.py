@@ -11,9 +11,10 @@ is entered, as its ``first`` part (NOTE [ The first iteration ] in
 NOTE [ Steady iterations ]: a real loop is not all alike: an evaluation, a
 log line or a checkpoint save between steps adds ops to the iteration it
 falls in, and tensor sizes may change from step to step (dynamic padding).
-The tracer groups the recorded iterations by their *shape* (op names, tensor
-rows, accesses) and keeps the first group that reaches ``iters`` members; the
-others are skipped, each with the reason it differs. When ``max_skipped``
+The tracer groups the recorded iterations by their *shape* (op names, the
+storages each op accesses and their sizes) and keeps the first group that
+reaches ``iters`` members, with every storage any of them had (``_kept_tensors``);
+the others are skipped, each with the reason it differs. When ``max_skipped``
 iterations have been skipped and no group is complete, it raises
 ``IrregularIterations`` saying what differed and what to do, so that no
 profile holds iterations its reader would reject.
@@ -33,7 +34,7 @@ import pandas as pd
 import torch
 
 from profiles import Profile, TeraioError
-from torch_patch.identity import CARRIED_FLAG, INPUT_BASE, PRODUCED_BASE
+from torch_patch.identity import CARRIED_FLAG, INPUT_BASE, LONG_BASE, PRODUCED_BASE
 from torch_patch.opstream import OpInfo, OpStream
 
 __all__ = ["IrregularIterations", "IterationSummary", "ProfileComplete", "Tracer", "signature_of"]
@@ -43,6 +44,16 @@ _READ, _WRITE = 0, 1
 
 class ProfileComplete(BaseException):  # noqa: N818 (a control-flow signal, not an error)
     """Raised out of the training script once the requested iterations are recorded."""
+
+
+def _job_store() -> Any:
+    """The store of this process's job (the default process group's), or None: no group, or a
+    fake one (one process plays one rank of it)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() == "fake":
+        return None
+    return dist.distributed_c10d._get_default_store()
 
 
 class IrregularIterations(TeraioError):
@@ -58,15 +69,20 @@ Tables = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]  # kernels, tensors, ac
 
 
 def _shape_key(tables: Tables) -> str:
-    """What two iterations must share to be one profile's: op names, tensor rows, accesses."""
+    """What two iterations must share to be one profile's (NOTE [ Steady iterations ]): their
+    op names, and the sizes of the storages their ops access (as a multiset: PyTorch's ZB-V
+    schedule accumulates weight gradients in an order that changes from step to step)."""
     kernels, tensors, accesses = tables
     h = hashlib.sha256()
     h.update("\n".join(kernels["op_name"]).encode())
-    for col in ("tensor_id", "size_bytes", "alloc_op", "free_op"):
-        h.update(tensors[col].to_numpy(np.int64).tobytes())
-    for col in ("op_index", "tensor_id"):
-        h.update(accesses[col].to_numpy(np.int64).tobytes())
+    h.update(np.sort(_accessed_sizes(tables)).tobytes())
     return h.hexdigest()
+
+
+def _accessed_sizes(tables: Tables) -> np.ndarray:
+    """(num_accesses,) int64: the size of the storage of every access."""
+    sizes = tables[1].set_index("tensor_id")["size_bytes"]
+    return sizes.reindex(tables[2]["tensor_id"]).fillna(-1).to_numpy(np.int64)
 
 
 def _difference(a: Tables, b: Tables) -> tuple[str, bool]:
@@ -78,12 +94,35 @@ def _difference(a: Tables, b: Tables) -> tuple[str, bool]:
         what = (f"op {k} is {names_b[k]}, not {names_a[k]}" if k < min(len(names_a), len(names_b))
                 else f"it has {len(names_b)} ops, not {len(names_a)}")
         return what, False
-    sizes_a = dict(zip(a[1]["tensor_id"], a[1]["size_bytes"], strict=True))
-    sizes_b = dict(zip(b[1]["tensor_id"], b[1]["size_bytes"], strict=True))
-    for tid in sorted(set(sizes_a) & set(sizes_b)):
-        if sizes_a[tid] != sizes_b[tid]:
-            return f"tensor {tid} has {sizes_b[tid]:,} bytes, not {sizes_a[tid]:,}", True
-    return "the same ops use other tensors, or tensors live at other ops", False
+    sizes_a, sizes_b = _accessed_sizes(a), _accessed_sizes(b)
+    if len(sizes_a) == len(sizes_b) and (sizes_a != sizes_b).any():
+        i = int(np.argmax(sizes_a != sizes_b))
+        op = int(b[2]["op_index"].iloc[i])
+        return f"op {op} uses a tensor of {sizes_b[i]:,} bytes, not {sizes_a[i]:,}", True
+    return f"its ops use {len(sizes_b)} tensors, not {len(sizes_a)}", False
+
+
+def _kept_tensors(group: list[Tables]) -> pd.DataFrame:
+    """The tensor rows of iterations of one shape: every storage any of them had, each with
+    the widest lifetime and the largest size seen. Storages that no op accesses may live longer in one iteration
+    than in another: a storage a collective held is freed when the backend's thread lets it
+    go (NOTE [ Frees on other threads ] in torch_patch.identity), and an evaluation's results
+    may stay bound to a name. Counting the longest is the safe side for memory."""
+    rows = pd.concat([t for _, t, _ in group], ignore_index=True)
+    first = rows.drop_duplicates("tensor_id").set_index("tensor_id")
+    first["size_bytes"] = rows.groupby("tensor_id")["size_bytes"].max()
+    life = rows.groupby("tensor_id")[["alloc_op", "free_op"]].agg(["min", "max", "nunique"])
+    differs = (life[("alloc_op", "nunique")] > 1) | (life[("free_op", "nunique")] > 1)
+    if differs.any():
+        ids = life.index[differs]
+        alloc_min, free_min = life.loc[ids, ("alloc_op", "min")], life.loc[ids, ("free_op", "min")]
+        free_max = life.loc[ids, ("free_op", "max")]
+        alive_throughout = (alloc_min < 0) | (free_min < 0) | (free_min <= life.loc[ids, ("alloc_op", "max")])
+        first.loc[ids, "alloc_op"] = np.where(alive_throughout, -1, alloc_min)
+        first.loc[ids, "free_op"] = np.where(alive_throughout, -1, free_max)
+        first.loc[ids, "persistent"] = alive_throughout
+    first["resizable"] = rows.groupby("tensor_id")["resizable"].all()
+    return first.reset_index()[list(rows.columns)].sort_values("tensor_id", ignore_index=True)
 
 
 def signature_of(op_names: list[str], sizes: dict[int, int]) -> str:
@@ -131,9 +170,7 @@ class Tracer(OpStream):
         self.warmup = warmup
         self.iters = iters
         self.max_skipped = max_skipped
-        # this process's place in a torchrun job (torch.distributed.run sets both)
-        self.rank = int(os.environ.get("RANK", 0))
-        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self._place: tuple[int, int] | None = None
         self.on_iteration = on_iteration
         self.cuda_timing = torch.cuda.is_available() if cuda_timing is None else cuda_timing
         self.sizes: dict[int, int] = {}
@@ -150,6 +187,26 @@ class Tracer(OpStream):
         self._rec: _Iteration | None = None
         self._t0 = time.perf_counter_ns()
         self._now = time.perf_counter_ns
+
+    @property
+    def rank(self) -> int:
+        return self.place()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self.place()[1]
+
+    def place(self) -> tuple[int, int]:
+        """(rank, world size) of this process: its process group's, once the script made one
+        (a fake process group too), else torchrun's environment's."""
+        if self._place is None:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                self._place = (dist.get_rank(), dist.get_world_size())
+            else:
+                return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        return self._place
 
     @property
     def recording(self) -> bool:
@@ -219,7 +276,12 @@ class Tracer(OpStream):
         storage = t.untyped_storage()
         self.sizes[tid] = storage.nbytes()
         self.dtypes[tid] = str(t.dtype).removeprefix("torch.")
-        self.resizable[tid] = storage.resizable()
+        self.resizable[tid] = storage.resizable() and storage not in self.foreign_resized
+
+    def on_foreign_resize(self, storage: torch.UntypedStorage) -> None:
+        tid = self.ids.get(storage)
+        if tid is not None:
+            self.resizable[tid] = False
 
     def on_free(self, tensor_id: int) -> None:
         rec = self._rec
@@ -239,8 +301,9 @@ class Tracer(OpStream):
 
     def begin_iteration(self) -> None:
         # Iteration 1 is traced even as a warm-up one: the storages iteration 0 hands to it
-        # are mapped to their steady ids there (``first_carried``).
-        if self.iteration >= self.warmup or self.iteration == 1:
+        # are mapped to their steady ids there (``first_carried``). A rank that has its
+        # steady iterations records no more while the others finish theirs.
+        if (self.iteration >= self.warmup and not self.done) or self.iteration == 1:
             self._record()
 
     def __enter__(self):  # type: ignore[no-untyped-def]
@@ -253,26 +316,53 @@ class Tracer(OpStream):
         recorded = self.iteration >= self.warmup
         summary = IterationSummary(iteration=self.iteration, recorded=False, skipped=None,
                                    num_ops=self.op_index, time_us=None)
+        status = "done" if self.done else "more"
         if rec is not None:
             tables = self._close(rec)
             self._rec = None
             if self.iteration == 0:
                 self.first = tables
-            elif recorded:
+            elif recorded and not self.done:
                 k = tables[0]
                 summary["time_us"] = float((k["start_us"] + k["duration_us"]).max()) if len(k) else 0.0
-                self._keep(tables, summary)
+                status = self._keep(tables, summary)
         if self.on_iteration is not None:
             self.on_iteration(summary)
-        if len(self.done) >= self.iters:
+        if not recorded:
+            return
+        statuses = self._agree(status)
+        if statuses[self.rank] == "irregular":
+            raise IrregularIterations(self.irregular_message() or "the recorded iterations are not alike")
+        if "irregular" in statuses:
+            raise IrregularIterations(f"rank {statuses.index('irregular')}'s recorded iterations are not "
+                                      "alike (its error says how); this rank stops with it")
+        if all(s == "done" for s in statuses):
             raise ProfileComplete
 
-    def _keep(self, tables: Tables, summary: IterationSummary) -> None:
-        """File a recorded iteration by its shape (NOTE [ Steady iterations ])."""
+    # NOTE [ Ranks stop together ]: each rank of a job keeps its own steady iterations, but
+    # they must all stop at the same boundary, or a rank still training waits for ever in
+    # a collective with one that stopped. At every recorded boundary each rank says, through
+    # the job's store (torchrun's), whether it has what it needs, and reads every rank's
+    # word: all stop once all are done; all stop with an error if one cannot be done.
+    def _agree(self, status: str) -> list[str]:
+        """Every rank's status at this boundary (``done``, ``more`` or ``irregular``)."""
+        store = _job_store() if self.world_size > 1 else None
+        if store is None:
+            return [status] * max(self.world_size, self.rank + 1)
+        prefix = f"teraio/profile/{self.iteration}"
+        store.set(f"{prefix}/{self.rank}", status)
+        keys = [f"{prefix}/{r}" for r in range(self.world_size)]
+        store.wait(keys)
+        return [store.get(k).decode() for k in keys]
+
+    def _keep(self, tables: Tables, summary: IterationSummary) -> str:
+        """File a recorded iteration by its shape (NOTE [ Steady iterations ]); ``done`` once
+        ``iters`` are alike, ``irregular`` when too many were set aside, else ``more``."""
         group = self.groups.setdefault(_shape_key(tables), [])
         group.append((self.iteration, tables))
         if len(group) >= self.iters:
-            self.done = [t for _, t in group]
+            tensors = _kept_tensors([t for _, t in group])
+            self.done = [(k, tensors, a) for _, (k, _, a) in group]
             kept = {it for it, _ in group}
             self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only}
                             for g in self.groups.values() for it, t in g if it not in kept
@@ -281,8 +371,11 @@ class Tracer(OpStream):
         summary["recorded"] = group is biggest
         if group is not biggest:
             summary["skipped"] = f"differs from iteration {biggest[0][0]}: {_difference(biggest[0][1], tables)[0]}"
-        if not self.done and sum(len(g) for g in self.groups.values()) - len(biggest) > self.max_skipped:
-            raise IrregularIterations(self.irregular_message())
+        if self.done:
+            return "done"
+        if sum(len(g) for g in self.groups.values()) - len(biggest) > self.max_skipped:
+            return "irregular"
+        return "more"
 
     def irregular_message(self) -> str | None:
         """Why the recorded iterations are not alike, and what to do; None if they are."""
@@ -383,6 +476,8 @@ class Tracer(OpStream):
             return self.persistent[tid][1]
         if tid in self.labels:
             return self.labels[tid][1]
+        if tid & ~CARRIED_FLAG >= LONG_BASE:
+            return "other"  # long-lived and unnamed (profiles.ids)
         if tid & ~CARRIED_FLAG >= INPUT_BASE:
             return "input"
         if tid < PRODUCED_BASE or tid & CARRIED_FLAG:  # made before the iteration
@@ -443,13 +538,15 @@ class Tracer(OpStream):
             "signature": signature_of(k0["op_name"].tolist(), sizes),
             **meta,
         }
+        full["signatures"] = {str(self.rank): full["signature"]}
         first = None
         if self.first is not None:
             k, t, a = self.first
+            signature = signature_of(k["op_name"].tolist(), dict(zip(t["tensor_id"], t["size_bytes"], strict=True)))
+            carried = {str(new): old for new, old in sorted(self.first_carried.items())}
             first = Profile(meta={
-                **full, "iterations": [0], "iterations_identical": True,
-                "signature": signature_of(k["op_name"].tolist(),
-                                          dict(zip(t["tensor_id"], t["size_bytes"], strict=True))),
-                "carried_into_next": {str(new): old for new, old in sorted(self.first_carried.items())},
+                **full, "iterations": [0], "iterations_identical": True, "skipped_iterations": [],
+                "signature": signature, "signatures": {str(self.rank): signature},
+                "carried_into_next": {str(self.rank): carried},
             }, kernels=k, tensors=t, accesses=a)
         return Profile(meta=full, kernels=kernels, tensors=tensors, accesses=accesses, first=first)

@@ -75,13 +75,13 @@ def test_the_first_iteration_round_trips_in_its_subdirectory(tmp_path: Path) -> 
     first = tiny_profile()
     p = Profile(meta=tiny_profile().meta, kernels=tiny_profile().kernels, tensors=tiny_profile().tensors,
                 accesses=tiny_profile().accesses,
-                first=Profile(meta={**first.meta, "carried_into_next": {"5": 7}}, kernels=first.kernels.assign(
+                first=Profile(meta={**first.meta, "carried_into_next": {"0": {"5": 7}}}, kernels=first.kernels.assign(
                     iteration=0), tensors=first.tensors, accesses=first.accesses.assign(iteration=0)))
     out = write_profile(p, tmp_path / "p")
     assert (out / "first_iteration" / "kernels.parquet").is_file()
     back = read_profile(out)
     assert back.first is not None and back.first.first is None
-    assert back.first.meta["carried_into_next"] == {"5": 7}
+    assert back.first.meta["carried_into_next"] == {"0": {"5": 7}}
     for name in ("kernels", "tensors", "accesses"):
         pd.testing.assert_frame_equal(getattr(back.first, name), getattr(p.first, name), check_dtype=False)
     assert read_profile(write_profile(tiny_profile(), tmp_path / "q")).first is None

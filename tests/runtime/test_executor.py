@@ -273,7 +273,7 @@ def test_what_iteration_0_hands_on_is_found_by_the_profiles_map(profiled: Profil
     another op. The profile's map finds it, is trusted only if iteration 0 followed its
     plan to the end, and a storage of another size is left alone, not a divergence."""
     assert profiled.first is not None
-    carried = {int(k): v for k, v in profiled.first.meta["carried_into_next"].items()}
+    carried = {int(k): v for k, v in profiled.first.meta["carried_into_next"]["0"].items()}
     size = profiled.tensors.set_index("tensor_id")["size_bytes"]
     x = next(k for k in carried if size.get(k) == 64 * 32 * 4)
     loss = next(k for k in carried if size.get(k) == 4)

@@ -64,7 +64,7 @@ def test_the_first_iteration_is_recorded_apart(gpt_profile: Path) -> None:
     problem = first_problem(p)
     assert problem is not None and not (problem.reads_back & (problem.end_op >= problem.num_ops)).any()
     assert (~problem.reads_back & (problem.end_op == problem.num_ops)).sum() >= len(params)
-    carried = {int(k): v for k, v in first.meta["carried_into_next"].items()}
+    carried = {int(k): v for k, v in first.meta["carried_into_next"]["0"].items()}
     assert carried, "the example hands its last batch and loss to the next iteration"
     steady = p.tensors.set_index("tensor_id")
     for steady_id, now in carried.items():
@@ -88,7 +88,7 @@ def test_the_carried_map_does_not_depend_on_warmup() -> None:
                 opt.step()
         first = tracer.profile({}).first
         assert first is not None
-        maps.append(first.meta["carried_into_next"])
+        maps.append(first.meta["carried_into_next"]["0"])
     assert maps[0] and maps[0] == maps[1]
 
 
@@ -216,3 +216,29 @@ def test_storages_born_outside_the_traced_ops_have_rows_and_stable_ids(tmp_path:
                        & (p.tensors["alloc_op"] >= 0)]  # made this step (the last step's may live on)
     assert len(inputs) == 3
     assert sorted(inputs["resizable"]) == [False, False, True]
+
+
+def test_a_storage_kept_for_good_gets_a_long_lived_id_that_nothing_else_takes() -> None:
+    """A storage made in iteration 0 and kept (a pipeline's receive buffer, DDP's buckets) and
+    one made anew each step by the same op and kept for a step: the first, alive a whole
+    iteration, becomes long-lived; the second keeps the carried flag; no two share an id (they
+    did: the runtime then counted one twice every step)."""
+    from profiles.ids import LONG_BASE, produced_id
+    from torch_patch.opstream import OpStream
+
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([w], lr=0.1)
+    ids = []
+    with OpStream() as stream:
+        kept = torch.zeros(1000)  # op 0 of iteration 0
+        for _ in range(4):
+            made = torch.zeros(10)  # op 0 of every later iteration
+            (w * 2).sum().backward()
+            opt.step()
+            ids.append((stream.ids.get(kept.untyped_storage()), stream.ids.get(made.untyped_storage())))
+    del kept, made
+    assert ids[0][0] == produced_id(0, 0) | CARRIED_FLAG
+    for long, flagged in ids[1:]:
+        assert long is not None and LONG_BASE <= long < CARRIED_FLAG
+        assert flagged == produced_id(0, 0) | CARRIED_FLAG
+    assert len({long for long, _ in ids[1:]}) == 1  # it keeps its long id

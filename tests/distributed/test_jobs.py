@@ -1,0 +1,170 @@
+"""torchrun jobs under teraio, 2 processes on the CPU with gloo: DDP, FSDP2 and the pipeline
+schedules are profiled (`teraio profile --nproc 2`), planned below each rank's peak and run
+(`teraio run --nproc 2`), and give the same losses and final parameters, bit for bit, as the
+same job under plain torchrun; a rank that dies stops the job at once, naming it, with no
+swap files left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, SMALL_GPT
+
+EXAMPLES = ROOT / "examples"
+ARGS = [*SMALL_GPT, "--layers", "4", "--batch", "8", "--steps", "6"]
+TIMEOUT_S = 300
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun sets it: the bits depend on it
+
+
+def losses(stdout: str) -> list[str]:
+    return re.findall(r"^step \d+ loss (\S+)$", stdout, re.M)
+
+
+def start(*cmd: str | Path, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, *map(str, cmd)], cwd=cwd, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    """Wait for ``proc``; on a timeout SIGTERM (which torchrun passes on to its workers)."""
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"{proc.args} ran past {TIMEOUT_S} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def teraio(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return finish(start("-m", "teraio", *args, cwd=cwd))
+
+
+def saved(path: Path, per_rank: bool) -> dict[str, torch.Tensor]:
+    files = [Path(f"{path}.rank{r}") for r in (0, 1)] if per_rank else [path]
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(torch.load(f))
+    return out
+
+
+JOBS = {
+    "ddp": ("train_gpt_ddp.py", []),
+    "fsdp2": ("train_gpt_fsdp.py", []),
+    "pp-1f1b": ("train_gpt_pp.py", ["--schedule", "1f1b"]),
+    "pp-interleaved-1f1b": ("train_gpt_pp.py", ["--schedule", "interleaved-1f1b"]),
+    "pp-zbv": ("train_gpt_pp.py", ["--schedule", "zbv"]),
+}
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(job: str, tmp_path: Path) -> None:
+    script, extra = JOBS[job]
+    args = [*ARGS, *extra]
+    plain = start("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", EXAMPLES / script,
+                  *args, "--save", tmp_path / "plain.pt", cwd=tmp_path)
+    try:
+        r = teraio("profile", "--nproc", "2", EXAMPLES / script, "--out", tmp_path / "profile", "--", *args,
+                   cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-4000:]
+    finally:
+        plain_run = finish(plain)
+    assert plain_run.returncode == 0, plain_run.stderr[-4000:]
+    meta = json.loads((tmp_path / "profile" / "meta.json").read_text())
+    assert meta["ranks"] == [0, 1] and meta["world_size"] == 2 and set(meta["signatures"]) == {"0", "1"}
+
+    r = teraio("plan", tmp_path / "profile", "--gpu-mem", "50%", "--ssd-bw", "2", "--out", tmp_path / "plan.json",
+               cwd=tmp_path)
+    if r.returncode != 0 and "--gpu-mem min" in r.stderr:  # half the peak is less than a rank needs
+        r = teraio("plan", tmp_path / "profile", "--gpu-mem", "min", "--ssd-bw", "2", "--out",
+                   tmp_path / "plan.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    budget = plan["parameters"]["gpu_mem_bytes"]
+    assert set(plan["ranks"]) == {"0", "1"} and all(plan["ranks"].values())
+    for rank, summary in plan["summary_by_rank"].items():
+        assert budget < summary["peak_before_bytes"], (rank, budget, summary["peak_before_bytes"])
+
+    r = teraio("run", "--nproc", "2", "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path, "--report",
+               tmp_path / "run.json", EXAMPLES / script, "--", *args, "--save", tmp_path / "teraio.pt", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert losses(r.stdout) == losses(plain_run.stdout) and len(losses(r.stdout)) == 6
+    per_rank = script == "train_gpt_pp.py"
+    a, b = saved(tmp_path / "plain.pt", per_rank), saved(tmp_path / "teraio.pt", per_rank)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["world_size"] == 2 and set(report["ranks"]) == {"0", "1"}
+    for rank, rr in report["ranks"].items():
+        assert sum(rr["bytes_written"].values()) > 0, f"rank {rank} moved nothing"
+        peaks = [p for i, (p, f) in enumerate(zip(rr["iteration_peak_bytes"], rr["iteration_followed"],
+                                                   strict=True)) if i and f]
+        assert peaks and max(peaks) <= budget * 1.05, (rank, budget, rr["iteration_peak_bytes"])
+    assert not list(tmp_path.glob("teraio-swap-*"))
+
+
+def test_torchrun_around_teraio_reads_the_rank_from_the_environment(tmp_path: Path) -> None:
+    """`torchrun --nproc-per-node 2 -m teraio profile|run ...`: the same job, no launcher of
+    teraio's; a plan of a job of 2 is refused by a single process, with what to do."""
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "teraio"]
+    script, args = EXAMPLES / "train_gpt_ddp.py", [*ARGS, "--steps", "5"]
+    r = finish(start(*torchrun, "profile", script, "--out", tmp_path / "profile", "--", *args, cwd=tmp_path))
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert json.loads((tmp_path / "profile" / "meta.json").read_text())["ranks"] == [0, 1]
+    r = teraio("plan", tmp_path / "profile", "--gpu-mem", "min", "--out", tmp_path / "plan.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    r = finish(start(*torchrun, "run", "--plan", tmp_path / "plan.json", script, "--", *args, cwd=tmp_path))
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert len(losses(r.stdout)) == 5
+
+    r = teraio("run", "--plan", tmp_path / "plan.json", script, "--", *args, cwd=tmp_path)
+    assert r.returncode == 2
+    assert "was made for a job of 2 ranks ([0, 1]); this is rank 0 of 1" in r.stderr
+
+
+DYING = """
+import os, runpy, signal, sys
+import torch
+step_post = torch.optim.AdamW.step
+def step(self, *a, **k):
+    out = step_post(self, *a, **k)
+    self._teraio_test_steps = getattr(self, "_teraio_test_steps", 0) + 1
+    if os.environ["RANK"] == "1" and self._teraio_test_steps == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+torch.optim.AdamW.step = step
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_rank_that_dies_ends_the_job_at_once_naming_it_and_leaves_no_swap_files(tmp_path: Path) -> None:
+    """Rank 1 is killed (SIGKILL, as by the OOM killer) in its third step: the job stops
+    within seconds with one error naming the rank, and no rank's swap files stay behind."""
+    script, args = EXAMPLES / "train_gpt_ddp.py", [*ARGS, "--steps", "8"]
+    r = teraio("profile", "--nproc", "2", script, "--out", tmp_path / "profile", "--", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    r = teraio("plan", tmp_path / "profile", "--gpu-mem", "min", "--out", tmp_path / "plan.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    dying = tmp_path / "dying.py"
+    dying.write_text(DYING)
+    swap = tmp_path / "swap"
+    t0 = time.monotonic()
+    r = teraio("run", "--nproc", "2", "--plan", tmp_path / "plan.json", "--swap-dir", swap, dying, "--",
+               script, *args, cwd=tmp_path)
+    took = time.monotonic() - t0
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("teraio: error: rank 1 failed (killed by SIGKILL)"), r.stderr[-3000:]
+    assert len(losses(r.stdout)) < 8 and took < 60
+    assert not list(swap.glob("teraio-swap-*")), list(swap.iterdir())
