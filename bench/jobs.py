@@ -76,7 +76,8 @@ def one_job(name: str, ex_args: list[str], budget_share: float, work: Path) -> d
           f"{plain_ms:,.1f} ms, teraio {teraio_ms:,.1f} ms ({teraio_ms / plain_ms:.2f}x), predicted "
           f"{predicted_us / 1e3:,.1f} ms; losses "
           f"{'equal' if losses(plain.stdout) == losses(run.stdout) else 'DIFFER'}")
-    return {"imbalance": max(peaks.values()) / min(peaks.values()), "tracked_over_budget": max(tracked.values()) / budget,
+    return {"imbalance": max(peaks.values()) / min(peaks.values()),
+            "tracked_over_budget": max(tracked.values()) / budget,
             "teraio_over_plain": teraio_ms / plain_ms, "predicted_over_measured": predicted_us / 1e3 / teraio_ms}
 
 
