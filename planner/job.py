@@ -28,18 +28,21 @@ up). Communication adds *join* nodes of weight 0:
   all the ranks of the profile (process sub-groups are not recorded), and
   the k-th of each rank must be the same op.
 
-The simulated iteration of each rank is its ops and stalls back to back, so
-with no communication the job's time is the slowest rank's. Two things make
-the prediction an upper bound rather than exact: a collective is synchronised
-where its op is issued, while the wait that really blocks (``Work.wait``, not
-seen by the tracer) may come later with compute in between; and a rank's
-stalls were simulated on its own timeline, so a stall and a wait for a peer
-that would overlap in a run add up here.
+The simulated iteration of each rank is its ops and stalls back to back (host
+gaps left out, as in ``PlanProblem.ideal_iteration_us``), so with no
+communication the job's time is the slowest rank's. What the model does not
+see: a collective is synchronised where its op is issued, while the wait that
+really blocks (``Work.wait``, not seen by the tracer) may come later with
+compute in between, and a rank's stalls were simulated on its own timeline, so
+a stall and a wait for a peer that would overlap in a run add up here (both
+make the prediction longer than the run); a sender that a backend holds until
+its receiver is ready (a rendezvous send) waits in a run but not here (shorter).
 
 NOTE [ Waits in measured communication ]: a profiled send, receive or
-collective may have waited for its peers inside its own measured duration (a
-synchronous receive on gloo waits there for the sender; with asynchronous ops
-the wait falls in the host gap after the op, which the planner leaves out).
+collective may have waited for its peers inside its own measured duration (on
+gloo, the receives and sends of the example pipeline do; where an op returns
+at once, the wait falls in the host gap after it, which the planner leaves
+out).
 Weighting the op with its measured time would count that wait twice: once as
 the op's time and once more through the graph's edge from the peer it waited
 for. So a communication op's own weight is its *transfer* time, estimated as
@@ -161,7 +164,7 @@ def _p2p_ops(ranks: Mapping[int, RankOps]) -> tuple[dict[tuple[int, int], list[i
                 continue
             peer = int(ops.peer[k])
             if peer not in ranks or peer == r:
-                have = "no peer recorded (a version-1 profile?)" if peer < 0 else f"peer {peer}"
+                have = "no peer recorded (kernels.peer is -1)" if peer < 0 else f"peer {peer}"
                 raise JobGraphError(f"{_where(ops, k)} has {have}, not another rank of the profile "
                                     f"(ranks {sorted(ranks)}): the job's iteration needs every rank's profile; "
                                     f"{_AGAIN}")

@@ -255,7 +255,8 @@ def synthetic_pipeline_profile(
     backwards) or ``1f1b`` (``num_stages - 1 - s`` forwards first, then one forward and one
     backward in turn), which holds fewer activations on later stages. Forward ops take
     ``op_us`` (times a random factor in ``[1 - jitter, 1 + jitter]``), backward ops twice
-    their forward op, sends and receives ``transfer_us``.
+    their forward op, sends and receives ``transfer_us``; each rank's ops run back to back
+    (``start_us``), as if no rank ever waited for another.
     """
     if num_stages < 1 or num_microbatches < 1 or not 1 <= params_per_stage <= ops_per_stage:
         raise ValueError("need num_stages >= 1, num_microbatches >= 1 and 1 <= params_per_stage <= ops_per_stage")
