@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,11 +11,12 @@ import numpy as np
 
 from planner.greedy import Move, Progress, plan_greedy
 from planner.hardware import Hardware
+from planner.job import predict_job, rank_ops
 from planner.plan import Migration, Plan
 from planner.problem import PlanProblem
 from planner.simulate import SimResult, simulate
 
-__all__ = ["RankPlan", "build_plan", "plan_rank", "settle_urgency", "summarize"]
+__all__ = ["RankPlan", "build_plan", "job_summary", "plan_rank", "settle_urgency", "summarize"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +87,22 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
     }
 
 
+def job_summary(rank_plans: Mapping[int, RankPlan]) -> dict[str, Any]:
+    """The job's keys of a plan summary, from all ranks' simulations together (``planner.job``):
+    ``job_iteration_us`` (stalls included), ``job_ideal_iteration_us`` (none), ``job_slowdown``,
+    ``critical_rank`` and ``critical_us_by_rank``. Raises ``JobGraphError`` when the ranks'
+    communication does not fit together."""
+    job = predict_job({r: rank_ops(rp.problem, rp.sim) for r, rp in rank_plans.items()})
+    ideal = predict_job({r: rank_ops(rp.problem) for r, rp in rank_plans.items()})
+    return {
+        "job_iteration_us": job.iteration_us,
+        "job_ideal_iteration_us": ideal.iteration_us,
+        "job_slowdown": job.iteration_us / ideal.iteration_us if ideal.iteration_us else 1.0,
+        "critical_rank": job.critical_rank,
+        "critical_us_by_rank": {str(r): us for r, us in job.critical_us_by_rank.items()},
+    }
+
+
 def _fold(op: int, n: int) -> int:
     return op % n if n else 0
 
@@ -126,10 +143,14 @@ def migrations_of(rank_plan: RankPlan) -> list[Migration]:
 def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
                comparison: dict[str, Any] | None = None,
                extra_parameters: dict[str, Any] | None = None, first: Plan | None = None,
-               carried_into_next: dict[int, dict[int, int]] | None = None) -> Plan:
-    """The plan.json model of ``rank_plans``; ``summary`` is the slowest rank's. ``first`` is
-    iteration 0's plan, ``carried_into_next`` its map of the storages it hands on (NOTE [ The
-    first iteration's plan ] in ``planner.plan``)."""
+               carried_into_next: dict[int, dict[int, int]] | None = None, *,
+               job: Mapping[str, Any] | None = None, world_size: int | None = None,
+               signatures: Mapping[int, str] | None = None) -> Plan:
+    """The plan.json model of ``rank_plans``; ``summary`` is the slowest rank's, with ``job``'s
+    keys (``job_summary``) when given. ``first`` is iteration 0's plan, ``carried_into_next`` its
+    map of the storages it hands on (NOTE [ The first iteration's plan ] in ``planner.plan``);
+    ``world_size`` and ``signatures`` (rank -> profile signature) say which job the plan is for
+    (NOTE [ Plans of a job ])."""
     by_rank = {r: summarize(rp, hw) for r, rp in rank_plans.items()}
     worst = max(by_rank, key=lambda r: by_rank[r]["predicted_iteration_us"])
     parameters = {
@@ -142,9 +163,10 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
         **(extra_parameters or {}),
     }
     return Plan(
-        signature=signature, parameters=parameters, summary={"rank": worst, **by_rank[worst]},
+        signature=signature, parameters=parameters, summary={"rank": worst, **by_rank[worst], **(job or {})},
         migrations={r: migrations_of(rp) for r, rp in rank_plans.items()},
         op_names={r: list(rp.problem.op_names) for r, rp in rank_plans.items()},
         summary_by_rank=by_rank, comparison=comparison or {}, first=first,
-        carried_into_next=carried_into_next or {},
+        carried_into_next=carried_into_next or {}, world_size=world_size,
+        signatures=dict(signatures or {}),
     )

@@ -10,7 +10,7 @@ import typer
 
 from teraio.console import fail, info, warn
 
-__all__ = ["hardware_from_options", "load_profile", "plan"]
+__all__ = ["hardware_from_options", "job_keys", "load_profile", "plan"]
 
 _SIZE_HELP = "K/M/G/T are binary (powers of 1024); a plain number is bytes."
 PROFILE_ARG = typer.Argument(
@@ -107,6 +107,10 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
     print(f"time        {s['predicted_iteration_us'] / 1e3:,.2f} ms per iteration predicted, ideal "
           f"{s['ideal_iteration_us'] / 1e3:,.2f} ms ({s['slowdown']:.3f}x); stalls "
           f"{s['stall_us'] / 1e3:,.2f} ms before {s['num_stalled_ops']:,} ops")
+    if "job_iteration_us" in s:
+        print(f"job         {s['job_iteration_us'] / 1e3:,.2f} ms per iteration predicted for all ranks "
+              f"together, ideal {s['job_ideal_iteration_us'] / 1e3:,.2f} ms ({s['job_slowdown']:.3f}x); "
+              f"critical rank {s['critical_rank']}")
     print(f"moved       {_mib(s['bytes_to_ssd'])} to SSD, {_mib(s['bytes_to_host'])} to host per iteration; "
           f"{s['num_migrations']:,} migrations ({s['num_urgent']:,} urgent)")
     u = s["bandwidth_utilisation"]
@@ -163,6 +167,25 @@ def plan_first(prof: Any, hw: Any) -> Any:
         int(r): {int(steady): int(now) for steady, now in carried.get(str(r), {}).items()} for r in problems})
 
 
+def job_keys(prof: Any, rank_plans: dict[int, Any]) -> dict[str, Any]:
+    """The summary's keys for the job as a whole (``planner.make.job_summary``), or none, with a
+    warning that says why, when the profile lacks ranks of its job or the ranks' sends, receives
+    and collectives do not fit together (the ranks' own plans stand)."""
+    from planner.errors import JobGraphError
+    from planner.make import job_summary
+
+    world = int(prof.meta.get("world_size") or len(prof.ranks))
+    if len(prof.ranks) < world:
+        warn(f"the profile holds ranks {prof.ranks} of a job of {world}: the job's iteration time "
+             "needs every rank, so it is not predicted")
+        return {}
+    try:
+        return job_summary(rank_plans)
+    except JobGraphError as exc:
+        warn(f"the job's iteration time is not predicted: {exc}")
+        return {}
+
+
 def compare_policies(profile: Any, problem: Any, hw: Any, rank_plan: Any, rank: int) -> dict[str, dict[str, Any]]:
     """Planner and baselines side by side, as plain data."""
     from planner.baselines import run_baselines
@@ -216,6 +239,7 @@ def plan(
     """
     from planner import InfeasibleBudgetError, build_plan, plan_rank, problem_from_profile, save_plan
     from planner.operate import DEFAULT_SSD_ENDURANCE_PBW, bandwidth_needed, ssd_wear
+    from planner.plan import signatures_of
 
     if ssd_endurance_pbw is None:
         ssd_endurance_pbw = DEFAULT_SSD_ENDURANCE_PBW
@@ -247,8 +271,11 @@ def plan(
         if compare and rank == prof.ranks[0]:
             comparison = compare_policies(prof, problem, hw, rank_plans[rank], rank)
     first_plan = plan_first(prof, hw)
+    job = job_keys(prof, rank_plans) if len(rank_plans) > 1 else None
     doc = build_plan(rank_plans, hw, prof.signature, comparison=comparison,
-                     extra_parameters={"profile": str(prof.path)}, first=first_plan)
+                     extra_parameters={"profile": str(prof.path)}, first=first_plan, job=job,
+                     world_size=int(prof.meta.get("world_size") or len(prof.ranks)),
+                     signatures=signatures_of(prof.meta))
     s = doc.summary
     s.update(ssd_wear(s["bytes_to_ssd"], s["predicted_iteration_us"], ssd_endurance_pbw))
     if bw_needed:
