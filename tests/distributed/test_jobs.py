@@ -140,7 +140,7 @@ def test_torchrun_around_teraio_reads_the_rank_from_the_environment(tmp_path: Pa
 
     r = teraio("run", "--plan", tmp_path / "plan.json", script, "--", *args, cwd=tmp_path)
     assert r.returncode == 2
-    assert "was made for a job of 2 ranks ([0, 1]); this is rank 0 of 1" in r.stderr
+    assert "this plan was made for a job of 2 ranks; this job has 1: profile this job" in r.stderr
 
 
 DYING = """
