@@ -80,6 +80,10 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
     print(f"time        {s['predicted_iteration_us'] / 1e3:,.2f} ms per iteration predicted, ideal "
           f"{s['ideal_iteration_us'] / 1e3:,.2f} ms ({s['slowdown']:.3f}x); stalls "
           f"{s['stall_us'] / 1e3:,.2f} ms before {s['num_stalled_ops']:,} ops")
+    if "bound_us" in s:
+        print(f"bound       no plan is faster than {s['bound_us'] / 1e3:,.2f} ms (bytes out at the peak "
+              f"moved once: {s['bound_peak_us'] / 1e3:,.2f} ms; per phase: {s['bound_phases_us'] / 1e3:,.2f} ms); "
+              f"predicted {s['bound_ratio']:.3f}x of it")
     print(f"moved       {_mib(s['bytes_to_ssd'])} to SSD, {_mib(s['bytes_to_host'])} to host per iteration; "
           f"{s['num_migrations']:,} migrations ({s['num_urgent']:,} urgent)")
     u = s["bandwidth_utilisation"]
