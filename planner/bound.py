@@ -69,7 +69,8 @@ class Bound:
     window_compute_us: np.ndarray  # (num_windows,) float64: its ops' time
     window_read_bytes: np.ndarray  # (num_windows,) float64: the least it must read back
     window_write_bytes: np.ndarray  # (num_windows,) float64: the least it must write out
-    window_us: np.ndarray  # (num_windows,) float64: the least time it takes
+    window_transfer_us: np.ndarray  # (num_windows,) float64: the least time those reads or writes take
+    window_us: np.ndarray  # (num_windows,) float64: the least time it takes: the larger of the two times
 
     @property
     def iteration_us(self) -> float:
@@ -130,7 +131,7 @@ def iteration_bound(problem: PlanProblem, hw: Hardware) -> Bound:
     ideal = problem.ideal_iteration_us
     if n == 0:
         empty = np.zeros(0)
-        return Bound(ideal, ideal, ideal, np.zeros(0, np.int64), empty, empty, empty, empty)
+        return Bound(ideal, ideal, ideal, np.zeros(0, np.int64), empty, empty, empty, empty, empty)
     cap = float(hw.gpu_mem_bytes)
     host = float(hw.host_mem_bytes)
 
@@ -151,7 +152,8 @@ def iteration_bound(problem: PlanProblem, hw: Hardware) -> Bound:
     compute = np.add.reduceat(problem.duration_us, first)
     reads, writes = _used_bytes(problem, first, last)
     reads, writes = np.maximum(reads - cap, 0.0), np.maximum(writes - cap, 0.0)
-    per_window = np.maximum(compute, np.maximum(t_read(reads), t_write(writes)))
+    transfer = np.maximum(t_read(reads), t_write(writes))
+    per_window = np.maximum(compute, transfer)
     return Bound(ideal_us=ideal, peak_us=peak, phases_us=float(per_window.sum()), window_first_op=first,
                  window_compute_us=compute, window_read_bytes=reads, window_write_bytes=writes,
-                 window_us=per_window)
+                 window_transfer_us=transfer, window_us=per_window)

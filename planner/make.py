@@ -55,25 +55,32 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
 def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = None,
               margins: Sequence[float] = DEFAULT_MARGINS) -> RankPlan:
     """Plan one rank and simulate the plan: ``plan_greedy`` (which reports to ``progress`` on long
-    work) on the ops' own clock and, when some window needs more time than its ops take, on the clock
-    paced by each of ``margins`` (NOTE [ Paced clock ] in ``planner.pace``); the plan that fits and
-    simulates fastest."""
+    work) on the ops' own clock and, when some window's transfers need more time than its ops take,
+    on the clock paced by each of ``margins`` (NOTE [ Paced clock ] in ``planner.pace``). Each plan
+    is simulated once; the one that fits and runs fastest gets its urgent transfers marked
+    (``settle_urgency``)."""
     bound = iteration_bound(problem, hw)
     clocks: list[tuple[str, np.ndarray]] = [("the ops' own clock", problem.duration_us)]
     for margin in margins:
         paced = paced_durations(problem, bound, margin)
         if paced is not None:
             clocks.append((f"the paced clock, margin {margin:g}", paced))
-    best: RankPlan | None = None
+    bw = hw.channel_bw()
+    best: tuple[tuple[bool, float], list[Move]] | None = None
     for i, (name, durations) in enumerate(clocks):
         if progress is not None and len(clocks) > 1:
             progress(f"planning on {name} ({i + 1} of {len(clocks)})")
         planned = plan_greedy(replace(problem, duration_us=durations), hw, progress=progress)
-        moves, sim = settle_urgency(problem, planned, hw.channel_bw(), hw.gpu_mem_bytes)
-        if best is None or (sim.fits, -sim.iteration_us) > (best.sim.fits, -best.sim.iteration_us):
-            best = RankPlan(problem, moves, sim)
+        if len(clocks) == 1:
+            best = ((True, 0.0), planned)
+            break
+        sim = simulate(problem, planned, bw, hw.gpu_mem_bytes)
+        score = (sim.fits, -sim.iteration_us)
+        if best is None or score > best[0]:
+            best = (score, planned)
     assert best is not None  # the ops' own clock is always tried
-    return best
+    moves, sim = settle_urgency(problem, best[1], bw, hw.gpu_mem_bytes)
+    return RankPlan(problem, moves, sim)
 
 
 def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:

@@ -9,16 +9,21 @@ fit are fixed one by one with stalls (NOTE [ Stall fixes ]), each made urgent,
 each pushing other transfers late: stalls many times what the bytes need.
 
 The planner therefore plans on a *paced* clock: each phase window (``bound.
-phase_windows``) whose bound exceeds its compute time has its ops' durations
-stretched in proportion, to the bound times ``1 + margin``; the others keep
-theirs. On that clock the bandwidth a window needs is there, and the greedy
-places the transfers across it as the stretch allows. The moves are then
-simulated on the real durations: the ops of a stretched window wait for the
-transfers they need (stalls the simulator counts, and ``settle_urgency`` marks
-urgent), about as long as the stretch. A stretched window takes no less than
-its bound, and the greedy does not use bandwidth perfectly, so a few margins
-are tried (``DEFAULT_MARGINS``), and the unpaced clock when pacing changes
-nothing; the caller keeps the plan that simulates fastest.
+phase_windows``) whose transfers need more time than its ops take has its ops'
+durations stretched in proportion, to that time times ``1 + margin``; the
+others keep theirs. On that clock the bandwidth such a window needs is there,
+and the greedy places the transfers across it. The moves are then simulated on
+the real durations: the ops of a stretched window wait for the transfers they
+need (stalls the simulator counts, and ``settle_urgency`` marks urgent), about
+as long as the stretch, since a window whose channels are busy runs as slowly
+as the clock it was planned on. The margin is headroom: the greedy does not fill
+a channel to the last byte, and it moves more than the bound counts. Too little
+leaves ops to the stall fixes, too much slows the window down for nothing, so
+the margins of ``DEFAULT_MARGINS`` are tried, and the ops' own clock too (on
+some small synthetic profiles it wins); the caller keeps the plan that
+simulates fastest. Stretching also the windows whose transfers barely fit their
+ops (a backward pass that must read back every parameter, gradient and
+activation it uses) was tried and simulated slower (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -30,28 +35,28 @@ from planner.problem import PlanProblem
 
 __all__ = ["DEFAULT_MARGINS", "paced_durations"]
 
-# Measured (BENCHMARKS.md, planner against the bound): on Llama3-8B at batch 16 a margin of 0
-# simulates fastest; on Llama3-70B at batch 1, where the greedy fills the optimizer step's
-# bandwidth less well, 0.2.
-DEFAULT_MARGINS = (0.0, 0.2)
+# Measured (BENCHMARKS.md, planner against the bound): 0.2 simulated fastest of 0, 0.1, 0.2, 0.35,
+# 0.6 and 1 on Llama3-8B at batch 16 and Llama3-70B at batches 1, 4 and 16.
+DEFAULT_MARGINS = (0.2,)
 
 
 def paced_durations(problem: PlanProblem, bound: Bound, margin: float) -> np.ndarray | None:
-    """(num_ops,) float64: ``problem``'s op durations with each window whose bound exceeds its compute
-    time stretched to the bound times ``1 + margin`` (NOTE [ Paced clock ]); None if none does."""
+    """(num_ops,) float64: ``problem``'s op durations with each window whose transfers need more than
+    its compute time stretched to that times ``1 + margin`` (NOTE [ Paced clock ]); None if none does."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, not {margin}")
-    compute, target = bound.window_compute_us, bound.window_us
-    slow = target > compute * (1 + 1e-9)
+    compute = bound.window_compute_us
+    slow = bound.window_transfer_us > compute * (1 + 1e-9)
+    target = bound.window_transfer_us * (1 + margin)
     if not slow.any():
         return None
     window = np.searchsorted(bound.window_first_op, np.arange(problem.num_ops), side="right") - 1
-    stretch = np.where(slow, target * (1 + margin) / np.where(compute > 0, compute, 1.0), 1.0)
+    stretch = np.where(slow, target / np.where(compute > 0, compute, 1.0), 1.0)
     paced = problem.duration_us * stretch[window]
     # A window of ops that take no time: its time spread evenly over them.
     idle = slow & (compute <= 0)
     if idle.any():
         ops = np.bincount(window, minlength=len(compute))
-        even = target * (1 + margin) / np.maximum(ops, 1)
+        even = target / np.maximum(ops, 1)
         paced = np.where(idle[window], even[window], paced)
     return paced
