@@ -111,6 +111,10 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
         print(f"job         {s['job_iteration_us'] / 1e3:,.2f} ms per iteration predicted for all ranks "
               f"together, ideal {s['job_ideal_iteration_us'] / 1e3:,.2f} ms ({s['job_slowdown']:.3f}x); "
               f"critical rank {s['critical_rank']}")
+    if "bound_us" in s:
+        print(f"bound       no plan is faster than {s['bound_us'] / 1e3:,.2f} ms (bytes out at the peak "
+              f"moved once: {s['bound_peak_us'] / 1e3:,.2f} ms; per phase: {s['bound_phases_us'] / 1e3:,.2f} ms); "
+              f"predicted {s['bound_ratio']:.3f}x of it")
     print(f"moved       {_mib(s['bytes_to_ssd'])} to SSD, {_mib(s['bytes_to_host'])} to host per iteration; "
           f"{s['num_migrations']:,} migrations ({s['num_urgent']:,} urgent)")
     u = s["bandwidth_utilisation"]
