@@ -107,7 +107,8 @@ def activation_offload(problem: PlanProblem, hw: Hardware) -> RankPlan:
     phase_end = problem.phase[problem.end_op % max(n, 1)] if n else problem.phase
     rows = np.flatnonzero((problem.kind == "activation") & (phase_start == "forward")
                           & (phase_end == "backward") & (problem.end_op - problem.start_op >= 2))
-    moves, sim = settle_urgency(problem, _moves(problem, rows, "ssd"), hw.channel_bw(), hw.gpu_mem_bytes)
+    moves, sim = settle_urgency(problem, _moves(problem, rows, "ssd"), hw.channel_bw(), hw.gpu_mem_bytes,
+                                copy_cost_s_per_byte=hw.copy_cost_s_per_byte)  # not teraio's op_overhead_s
     return RankPlan(problem, moves, sim)
 
 
@@ -162,7 +163,8 @@ def zero_offload(profile: Profile, hw: Hardware, rank: int = 0) -> tuple[str, Ra
     problem, name = zero_problem(profile, hw, rank)
     target = "ssd" if name == "zero_infinity" else "host"
     rows = np.flatnonzero((problem.kind == "param") & (problem.end_op - problem.start_op >= 2))
-    moves, sim = settle_urgency(problem, _moves(problem, rows, target), hw.channel_bw(), hw.gpu_mem_bytes)
+    moves, sim = settle_urgency(problem, _moves(problem, rows, target), hw.channel_bw(), hw.gpu_mem_bytes,
+                                copy_cost_s_per_byte=hw.copy_cost_s_per_byte)  # not teraio's op_overhead_s
     return name, RankPlan(problem, moves, sim)
 
 

@@ -28,15 +28,21 @@ class RankPlan:
 
 
 def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
-                   capacity_bytes: float, max_rounds: int = 4) -> tuple[tuple[Move, ...], SimResult]:
+                   capacity_bytes: float, max_rounds: int = 4, *, copy_cost_s_per_byte: float = 0.0,
+                   op_overhead_s: float = 0.0) -> tuple[tuple[Move, ...], SimResult]:
     """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
 
     Urgent transfers are served first, which can make other ones late; after
     ``max_rounds`` the last simulation stands and what it waited on is marked
     too, so every transfer an op waits on in the returned simulation is urgent.
+    ``copy_cost_s_per_byte``, ``op_overhead_s``: NOTE [ Copies on the compute ].
     """
+    def sim_of(moves: tuple[Move, ...]) -> SimResult:
+        return simulate(problem, moves, bw_bytes_per_s, capacity_bytes,
+                        copy_cost_s_per_byte=copy_cost_s_per_byte, op_overhead_s=op_overhead_s)
+
     current = tuple(moves)
-    sim = simulate(problem, current, bw_bytes_per_s, capacity_bytes)
+    sim = sim_of(current)
     for round_ in range(max_rounds + 1):
         marked = tuple(
             mv.with_urgency(i in sim.waited_offloads, i in sim.waited_prefetches)
@@ -46,14 +52,15 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
             break
         current = marked
         if round_ < max_rounds:
-            sim = simulate(problem, current, bw_bytes_per_s, capacity_bytes)
+            sim = sim_of(current)
     return current, sim
 
 
 def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = None) -> RankPlan:
     """Plan one rank (``plan_greedy``, which reports to ``progress`` on long work) and simulate the plan."""
     planned = plan_greedy(problem, hw, progress=progress)
-    moves, sim = settle_urgency(problem, planned, hw.channel_bw(), hw.gpu_mem_bytes)
+    moves, sim = settle_urgency(problem, planned, hw.channel_bw(), hw.gpu_mem_bytes,
+                                copy_cost_s_per_byte=hw.copy_cost_s_per_byte, op_overhead_s=hw.op_overhead_s)
     return RankPlan(problem, moves, sim)
 
 
@@ -75,6 +82,9 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
         "predicted_iteration_us": sim.iteration_us,
         "slowdown": sim.slowdown,
         "stall_us": sim.stall_us,
+        # NOTE [ Copies on the compute ]: what the ops took beyond their profiled time
+        "copy_charge_us": sim.copy_charge_us,
+        "op_overhead_us": sim.op_overhead_us,
         "num_stalled_ops": sim.num_stalls,
         "num_migrations": sum(1 + mv.reads_back for mv in moves),
         "num_offload_only": sum(not mv.reads_back for mv in moves),
@@ -139,6 +149,8 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
         "ssd_write_bw_bytes_per_s": hw.ssd_write_bw_bytes_per_s,
         "host_bw_bytes_per_s": hw.host_bw_bytes_per_s,
         "host_mem_bytes": hw.host_mem_bytes,
+        "copy_cost_s_per_byte": hw.copy_cost_s_per_byte,
+        "op_overhead_s": hw.op_overhead_s,
         **(extra_parameters or {}),
     }
     return Plan(
