@@ -108,7 +108,7 @@ def activation_offload(problem: PlanProblem, hw: Hardware) -> RankPlan:
     rows = np.flatnonzero((problem.kind == "activation") & (phase_start == "forward")
                           & (phase_end == "backward") & (problem.end_op - problem.start_op >= 2))
     moves, sim = settle_urgency(problem, _moves(problem, rows, "ssd"), hw.channel_bw(), hw.gpu_mem_bytes,
-                                copy_cost_s_per_byte=hw.copy_cost_s_per_byte)  # not teraio's op_overhead_s
+                                copy_cost_s_per_byte=hw.copy_cost_s_per_byte)  # not teraio's own costs
     return RankPlan(problem, moves, sim)
 
 
@@ -164,7 +164,7 @@ def zero_offload(profile: Profile, hw: Hardware, rank: int = 0) -> tuple[str, Ra
     target = "ssd" if name == "zero_infinity" else "host"
     rows = np.flatnonzero((problem.kind == "param") & (problem.end_op - problem.start_op >= 2))
     moves, sim = settle_urgency(problem, _moves(problem, rows, target), hw.channel_bw(), hw.gpu_mem_bytes,
-                                copy_cost_s_per_byte=hw.copy_cost_s_per_byte)  # not teraio's op_overhead_s
+                                copy_cost_s_per_byte=hw.copy_cost_s_per_byte)  # not teraio's own costs
     return name, RankPlan(problem, moves, sim)
 
 

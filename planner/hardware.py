@@ -40,6 +40,10 @@ class Hardware:
     op_overhead_s: float = 0.0
     """Time the runtime adds to every op, seconds (its dispatch mode; the profiled op times leave
     it out): 0 where it hides behind asynchronous kernels (a GPU); measured on a CPU."""
+    refault_s_per_byte: float = 0.0
+    """Time to fault memory in again, seconds per byte: on a CPU the runtime gives the memory an
+    iteration freed back to the OS at its end, and the next iteration faults it in again up to
+    its peak (NOTE [ Copies on the compute ]); 0 on a GPU, measured on a CPU."""
 
     def __post_init__(self) -> None:
         if self.gpu_mem_bytes <= 0:
@@ -51,7 +55,7 @@ class Hardware:
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
                 raise ValueError(f"{name} must be a positive finite number, not {value}")
-        for name in ("copy_cost_s_per_byte", "op_overhead_s"):
+        for name in ("copy_cost_s_per_byte", "op_overhead_s", "refault_s_per_byte"):
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value}")

@@ -29,17 +29,20 @@ class RankPlan:
 
 def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
                    capacity_bytes: float, max_rounds: int = 4, *, copy_cost_s_per_byte: float = 0.0,
-                   op_overhead_s: float = 0.0) -> tuple[tuple[Move, ...], SimResult]:
+                   op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0) -> tuple[tuple[Move, ...], SimResult]:
     """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
 
     Urgent transfers are served first, which can make other ones late; after
     ``max_rounds`` the last simulation stands and what it waited on is marked
     too, so every transfer an op waits on in the returned simulation is urgent.
-    ``copy_cost_s_per_byte``, ``op_overhead_s``: NOTE [ Copies on the compute ].
+    ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte``: NOTE [ Copies on the
+    compute ] in ``planner.simulate``.
     """
+
     def sim_of(moves: tuple[Move, ...]) -> SimResult:
         return simulate(problem, moves, bw_bytes_per_s, capacity_bytes,
-                        copy_cost_s_per_byte=copy_cost_s_per_byte, op_overhead_s=op_overhead_s)
+                        copy_cost_s_per_byte=copy_cost_s_per_byte, op_overhead_s=op_overhead_s,
+                        refault_s_per_byte=refault_s_per_byte)
 
     current = tuple(moves)
     sim = sim_of(current)
@@ -60,7 +63,8 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
     """Plan one rank (``plan_greedy``, which reports to ``progress`` on long work) and simulate the plan."""
     planned = plan_greedy(problem, hw, progress=progress)
     moves, sim = settle_urgency(problem, planned, hw.channel_bw(), hw.gpu_mem_bytes,
-                                copy_cost_s_per_byte=hw.copy_cost_s_per_byte, op_overhead_s=hw.op_overhead_s)
+                                copy_cost_s_per_byte=hw.copy_cost_s_per_byte, op_overhead_s=hw.op_overhead_s,
+                                refault_s_per_byte=hw.refault_s_per_byte)
     return RankPlan(problem, moves, sim)
 
 
@@ -85,6 +89,7 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
         # NOTE [ Copies on the compute ]: what the ops took beyond their profiled time
         "copy_charge_us": sim.copy_charge_us,
         "op_overhead_us": sim.op_overhead_us,
+        "refault_us": sim.refault_us,
         "num_stalled_ops": sim.num_stalls,
         "num_migrations": sum(1 + mv.reads_back for mv in moves),
         "num_offload_only": sum(not mv.reads_back for mv in moves),
@@ -151,6 +156,7 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
         "host_mem_bytes": hw.host_mem_bytes,
         "copy_cost_s_per_byte": hw.copy_cost_s_per_byte,
         "op_overhead_s": hw.op_overhead_s,
+        "refault_s_per_byte": hw.refault_s_per_byte,
         **(extra_parameters or {}),
     }
     return Plan(

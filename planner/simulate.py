@@ -52,8 +52,13 @@ __all__ = ["SimResult", "simulate"]
 # lands within an op of where it was paid, and the channels go on moving bytes
 # meanwhile, which cost in turn); a byte moved during a stall costs nothing, as
 # the training thread only waits then. Every op also takes ``op_overhead_s``
-# more: the runtime's dispatch mode, which the profiled op times leave out. Both
-# are 0 for a GPU, where the prediction is the profiled ops and the stalls alone.
+# more: the runtime's dispatch mode, which the profiled op times leave out. And
+# at each iteration boundary the runtime gives the memory freed back to the OS
+# (NOTE [ malloc on CPU ] in runtime/memory.py), which the next iteration faults
+# in again up to its peak: ``refault_s_per_byte`` times the previous
+# iteration's resident peak over what is resident when the iteration starts,
+# added to its first op. All three are 0 for a GPU, where the prediction is the
+# profiled ops and the stalls alone.
 
 _CHANNELS = ("ssd_write", "ssd_read", "host_write", "host_read")
 _TOL = 1e-6  # bytes
@@ -86,6 +91,7 @@ class SimResult:
     # copies' cost, and the runtime's per-op overhead
     copy_charge_us: float = 0.0
     op_overhead_us: float = 0.0
+    refault_us: float = 0.0
 
     @property
     def peak_bytes(self) -> int:
@@ -108,7 +114,7 @@ class SimResult:
 class _Sim:
     def __init__(self, problem: PlanProblem, moves: Sequence[Move], bw: dict[str, float],
                  capacity_bytes: float, num_iterations: int, copy_cost_s_per_byte: float = 0.0,
-                 op_overhead_s: float = 0.0) -> None:
+                 op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0) -> None:
         self.p = problem
         self.moves = moves
         self.cap = capacity_bytes
@@ -146,6 +152,8 @@ class _Sim:
         self.computing = False  # an op runs: bytes moved now cost the compute
         self.debt_us = 0.0  # the copy cost not yet added to an op
         self.charged_us = 0.0  # copy cost added to the ops of the measured iteration
+        self.refault_us_per_byte = refault_s_per_byte * 1e6
+        self.refault_us = 0.0  # added to the measured iteration's first op
 
     # ---- channels ----------------------------------------------------------------------
     def _advance(self, dt: float) -> None:
@@ -297,12 +305,21 @@ class _Sim:
         stall = np.zeros(n)
         resident = np.zeros(n, np.int64)
         t_iter = 0.0
+        # NOTE [ Copies on the compute ]: the resident peak of the iteration before
+        peak_before = float(max(mem)) if n else 0.0
+        peak = 0.0
         for g in range(n * self.iters):
             k = g % n
+            boundary_us = 0.0
             if k == 0:
                 t_iter = self.now
                 self.measuring = g == n * (self.iters - 1)
                 self.host_peak = self.host_used
+                if g:
+                    peak_before, peak = peak, 0.0
+                boundary_us = max(peak_before - (mem[0] - self.offloaded), 0.0) * self.refault_us_per_byte
+                if self.measuring:
+                    self.refault_us = boundary_us
             for inst in starts_off[g]:
                 self._start_offload(inst)
             for inst in starts_pre[g]:
@@ -330,11 +347,12 @@ class _Sim:
                 waited += dt
                 if self.measuring:
                     self.waited_off.add((tid // 2) % self.nm)
+            peak = max(peak, mem[k] - self.offloaded)
             if self.measuring:
                 stall[k] = waited
                 op_start[k] = self.now - t_iter
                 resident[k] = int(round(mem[k] - self.offloaded))
-            self._compute(dur[k])
+            self._compute(dur[k] + boundary_us)
         iteration_us = self.now - t_iter
         return SimResult(
             iteration_us=iteration_us, ideal_iteration_us=p.ideal_iteration_us,
@@ -344,7 +362,7 @@ class _Sim:
             bytes_moved=dict(self.moved), busy_us=dict(self.busy),
             waited_offloads=frozenset(self.waited_off), waited_prefetches=frozenset(self.waited_pre),
             offload_us=self._times(0, t_iter), prefetch_us=self._times(1, t_iter),
-            copy_charge_us=self.charged_us, op_overhead_us=self.op_overhead_us * n,
+            copy_charge_us=self.charged_us, op_overhead_us=self.op_overhead_us * n, refault_us=self.refault_us,
         )
 
     def _times(self, action: int, t_iter: float) -> np.ndarray:
@@ -364,17 +382,17 @@ class _Sim:
 
 def simulate(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
              capacity_bytes: float, num_iterations: int = 2, *, copy_cost_s_per_byte: float = 0.0,
-             op_overhead_s: float = 0.0) -> SimResult:
+             op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0) -> SimResult:
     """Simulate ``moves`` on ``problem``'s ops; see the module docstring for the model.
 
     ``bw_bytes_per_s`` has the channels ``ssd_write, ssd_read, host_write,
     host_read``; ``capacity_bytes`` may be ``inf`` (nothing waits for memory).
-    ``copy_cost_s_per_byte`` and ``op_overhead_s``: NOTE [ Copies on the compute ]
-    (``Hardware``'s fields of those names; 0 for a GPU).
+    ``copy_cost_s_per_byte``, ``op_overhead_s`` and ``refault_s_per_byte``: NOTE [ Copies
+    on the compute ] (``Hardware``'s fields of those names; 0 for a GPU).
     """
     if num_iterations < 1:
         raise ValueError("num_iterations must be at least 1")
-    if copy_cost_s_per_byte < 0 or op_overhead_s < 0:
-        raise ValueError("copy_cost_s_per_byte and op_overhead_s must be >= 0")
+    if min(copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte) < 0:
+        raise ValueError("copy_cost_s_per_byte, op_overhead_s and refault_s_per_byte must be >= 0")
     return _Sim(problem, moves, bw_bytes_per_s, capacity_bytes, num_iterations,
-                copy_cost_s_per_byte, op_overhead_s).run()
+                copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte).run()

@@ -34,7 +34,7 @@ def move(prefetch_trigger: int) -> Move:
 def test_no_cost_predicts_the_profiled_ops_and_stalls_alone() -> None:
     sim = simulate(four_ops(), [move(2)], BW, float("inf"))
     assert sim.iteration_us == pytest.approx(4000.0)
-    assert sim.copy_charge_us == 0 and sim.op_overhead_us == 0
+    assert sim.copy_charge_us == 0 and sim.op_overhead_us == 0 and sim.refault_us == 0
 
 
 def test_bytes_moved_during_an_op_cost_the_compute_by_hand() -> None:
@@ -74,6 +74,8 @@ def test_a_charged_op_lets_the_channels_move_on() -> None:
 def test_negative_costs_are_refused() -> None:
     with pytest.raises(ValueError, match="copy_cost_s_per_byte"):
         simulate(four_ops(), [], BW, float("inf"), copy_cost_s_per_byte=-1.0)
+    with pytest.raises(ValueError, match="refault_s_per_byte"):
+        simulate(four_ops(), [], BW, float("inf"), refault_s_per_byte=-1.0)
     with pytest.raises(ValueError, match="op_overhead_s"):
         Hardware(gpu_mem_bytes=1, ssd_read_bw_bytes_per_s=1.0, ssd_write_bw_bytes_per_s=1.0, op_overhead_s=-1.0)
 
@@ -96,18 +98,37 @@ def test_copy_cost_never_shortens_a_plan_and_is_charged_for_at_most_the_bytes_mo
     assert costly.peak_bytes <= hw.gpu_mem_bytes
 
 
-def test_plan_rank_charges_the_hardware_costs() -> None:
-    # A second 1 MB tensor, made and used by op 2 only: at 1.5 MB the first one must go out.
+def with_a_transient():
+    """``four_ops`` and a second 1 MB tensor, made and used by op 2 only: 2 MB resident there."""
     accesses = [(0, 0), (3, 0), (2, 2)] + [(k, 1) for k in range(4)]
-    problem = problem_from_profile(make_profile([1000.0] * 4, [
+    return problem_from_profile(make_profile([1000.0] * 4, [
         {"tensor_id": 0, "size_bytes": 1_000_000}, {"tensor_id": 1, "size_bytes": 10},
         {"tensor_id": 2, "size_bytes": 1_000_000, "persistent": False, "alloc_op": 2, "free_op": 3}],
         accesses))
+
+
+def test_the_boundary_faults_in_again_what_the_iteration_freed() -> None:
+    # The runtime gives the transient's 1 MB back at the boundary; the next iteration faults it
+    # in again (0.1 ns a byte: 100 us). With the first tensor out until op 3 (whose wait for it
+    # is a stall of 1,000 us) the peak is no higher than the start: nothing to fault in again.
+    problem = with_a_transient()
+    kept = simulate(problem, [], BW, float("inf"), refault_s_per_byte=1e-10)
+    assert kept.refault_us == pytest.approx(100.0)
+    assert kept.iteration_us == pytest.approx(4100.0)
+    assert kept.op_start_us.tolist() == pytest.approx([0.0, 1100.0, 2100.0, 3100.0])
+    moved = simulate(problem, [move(3)], BW, float("inf"), refault_s_per_byte=1e-10)
+    assert moved.refault_us == 0 and moved.iteration_us == pytest.approx(5000.0)
+
+
+def test_plan_rank_charges_the_hardware_costs() -> None:
+    problem = with_a_transient()  # at 1.5 MB the first tensor must go out
     cpu = Hardware(gpu_mem_bytes=1_500_000, ssd_read_bw_bytes_per_s=1e9, ssd_write_bw_bytes_per_s=1e9,
-                   copy_cost_s_per_byte=1e-10, op_overhead_s=1e-5)
+                   copy_cost_s_per_byte=1e-10, op_overhead_s=1e-5, refault_s_per_byte=1e-10)
     rank_plan = plan_rank(problem, cpu)
     assert rank_plan.moves and rank_plan.sim.copy_charge_us > 0
     assert rank_plan.sim.op_overhead_us == pytest.approx(40.0)
     _, again = settle_urgency(problem, rank_plan.moves, cpu.channel_bw(), cpu.gpu_mem_bytes,
-                              copy_cost_s_per_byte=1e-10, op_overhead_s=1e-5)
+                              copy_cost_s_per_byte=1e-10, op_overhead_s=1e-5, refault_s_per_byte=1e-10)
     assert again.iteration_us == pytest.approx(rank_plan.sim.iteration_us)
+    assert again.iteration_us == pytest.approx(again.ideal_iteration_us + again.stall_us + again.copy_charge_us
+                                               + again.op_overhead_us + again.refault_us)
