@@ -29,10 +29,12 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quiet  # noqa: E402
 from demo import EXAMPLE, losses, sh, teraio  # noqa: E402
 from rok import machine  # noqa: E402
 from run_overhead import steps  # noqa: E402
@@ -53,7 +55,12 @@ def main() -> None:
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--swap-dir", default=None)
+    p.add_argument("--quiet-budget", type=float, default=quiet.BUDGET_S,
+                   help="seconds the whole bench may spend waiting for an idle machine and repeating runs "
+                        "another process disturbed (bench/quiet.py)")
     args = p.parse_args()
+    quiet.BUDGET_S = args.quiet_budget
+    started = time.monotonic()
     rows = []
     with tempfile.TemporaryDirectory(prefix="teraio-fidelity-", dir=args.swap_dir) as d:
         work = Path(d)
@@ -61,8 +68,8 @@ def main() -> None:
         for size in args.sizes:
             ex = [*SIZES[size], "--steps", str(args.steps)]
             prof = work / f"profile-{size}"
-            sh(*teraio("profile", EXAMPLE, "--out", prof, "--", *ex), quiet=True)
-            plain_run = sh(sys.executable, EXAMPLE, *ex, "--timing", quiet=True)
+            quiet.sh(*teraio("profile", EXAMPLE, "--out", prof, "--force", "--", *ex))
+            plain_run = quiet.sh(sys.executable, EXAMPLE, *ex, "--timing")
             plain = losses(plain_run.stdout)
             plain_s = statistics.median(steps(plain_run.stdout, 1)[0]) / 1e3
             problem = problem_from_profile(read_profile(prof))
@@ -73,8 +80,8 @@ def main() -> None:
                 plan, report = work / f"plan-{size}-{share}.json", work / "run.json"
                 sh(*teraio("plan", prof, "--gpu-mem", str(budget), *plan_args, "--no-compare", "--out", plan),
                    quiet=True)
-                run = sh(*teraio("run", "--plan", plan, "--backend", "posix", "--swap-dir", work,
-                                 "--report", report, EXAMPLE, "--", *ex), quiet=True)
+                run = quiet.sh(*teraio("run", "--plan", plan, "--backend", "posix", "--swap-dir", work,
+                                 "--report", report, EXAMPLE, "--", *ex))
                 if losses(run.stdout) != plain:
                     raise SystemExit(f"fidelity: {size} {share}: losses differ from the plain run's")
                 s = json.loads(plan.read_text())["summary"]
@@ -107,6 +114,8 @@ def main() -> None:
     for size in args.sizes:
         worst[f"time_error_max_{size}"] = max(r["time_err"] for r in rows if r["size"] == size)
         worst[f"peak_error_max_{size}"] = max(r["peak_err"] for r in rows if r["size"] == size)
+    print(quiet.TALLY.line())
+    print(f"bench time {time.monotonic() - started:.0f} s, of which {quiet.TALLY.spent_s:.0f} s waiting and repeating")
     print(" ".join(f"{k}={v:.3f}" for k, v in worst.items()))
 
 

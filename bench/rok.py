@@ -39,11 +39,13 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quiet  # noqa: E402
 from demo import EXAMPLE, losses, sh, teraio  # noqa: E402
 from io_bandwidth import raw_o_direct  # noqa: E402
 from run_overhead import steps  # noqa: E402
@@ -83,9 +85,10 @@ class Config:
 def machine(work: Path) -> list[str]:
     """`teraio plan`'s options for this machine: the disk's O_DIRECT bandwidth and what copies cost
     the compute here (``runtime.calibrate``, measured once for every plan)."""
+    quiet.wait_idle()
     bw_w, bw_r = raw_o_direct(work, 256 * MIB)
-    costs = json.loads(sh(sys.executable, "-m", "runtime.calibrate", "--json", "--swap-dir", work,
-                          quiet=True).stdout)
+    costs = json.loads(quiet.sh(sys.executable, "-m", "runtime.calibrate", "--json", "--swap-dir", work,
+                                    label="calibrate").stdout)
     print(f"disk (O_DIRECT, 256 MiB): write {bw_w / 1e9:.2f} GB/s, read {bw_r / 1e9:.2f} GB/s; copies cost "
           f"the compute {costs['copy_cost_s_per_byte'] * 1e9:.3f} ns/byte, teraio run's dispatch "
           f"{costs['op_overhead_s'] * 1e6:.1f} us/op, faulting memory in again "
@@ -99,7 +102,7 @@ def machine(work: Path) -> list[str]:
 def _profile(work: Path, name: str, ex: list[str]) -> tuple[Path, int, int]:
     """Profile the example; (profile dir, its tracked peak, the smallest budget any plan meets)."""
     prof = work / f"profile-{name}"
-    sh(*teraio("profile", EXAMPLE, "--out", prof, "--", *ex), quiet=True)
+    quiet.sh(*teraio("profile", EXAMPLE, "--out", prof, "--force", "--", *ex))
     problem = problem_from_profile(read_profile(prof))
     return prof, int(problem.memory_bytes.max()), int(resident_need_bytes(problem).max())
 
@@ -107,13 +110,13 @@ def _profile(work: Path, name: str, ex: list[str]) -> tuple[Path, int, int]:
 def _run(cfg: Config, ex: list[str], work: Path, skip: int) -> None:
     args = [*ex, "--checkpoint"] if cfg.checkpoint else ex
     if cfg.plan is None:
-        r = sh(sys.executable, EXAMPLE, *args, quiet=True)
+        r = quiet.sh(sys.executable, EXAMPLE, *args)
         t, rss = steps(r.stdout, skip)
         cfg.rss_peak_bytes = max(cfg.rss_peak_bytes, int(max(rss) * MIB))
     else:
         report = work / "run.json"
-        r = sh(*teraio("run", "--plan", cfg.plan, "--backend", "posix", "--swap-dir", work,
-                       "--report", report, EXAMPLE, "--", *args), quiet=True)
+        r = quiet.sh(*teraio("run", "--plan", cfg.plan, "--backend", "posix", "--swap-dir", work,
+                       "--report", report, EXAMPLE, "--", *args))
         t, _ = steps(r.stdout, skip)
         rep = json.loads(report.read_text())
         cfg.tracked_peak_bytes = max(cfg.tracked_peak_bytes, max(rep["iteration_peak_bytes"][1:]))
@@ -209,8 +212,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--skip", type=int, default=1, help="leave out steps before this one")
     p.add_argument("--swap-dir", default=None)
+    p.add_argument("--quiet-budget", type=float, default=quiet.BUDGET_S,
+                   help="seconds the whole bench may spend waiting for an idle machine and repeating runs "
+                        "another process disturbed (bench/quiet.py)")
     p.add_argument("--plot", type=Path, default=None, help="write the curve here (PNG)")
     args = p.parse_args()
+    quiet.BUDGET_S = args.quiet_budget
+    started = time.monotonic()
     results: dict[str, tuple[list[str], list[Config]]] = {}
     headline: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="teraio-rok-", dir=args.swap_dir) as d:
@@ -227,6 +235,8 @@ def main() -> None:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot(args.plot, results)
         print(f"\ncurve written to {args.plot}")
+    print(quiet.TALLY.line())
+    print(f"bench time {time.monotonic() - started:.0f} s, of which {quiet.TALLY.spent_s:.0f} s waiting and repeating")
     print(" ".join(f"{k}={v:.3f}" for k, v in headline.items()))
 
 

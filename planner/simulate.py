@@ -88,7 +88,7 @@ class SimResult:
     offload_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     prefetch_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     # time the ops took beyond their profiled time (NOTE [ Copies on the compute ]): the
-    # copies' cost, and the runtime's per-op overhead
+    # copies' cost, the runtime's per-op overhead, the boundary's faults
     copy_charge_us: float = 0.0
     op_overhead_us: float = 0.0
     refault_us: float = 0.0
