@@ -38,6 +38,8 @@ bench: install
 	$(PY) bench/plan_scale.py
 	$(PY) bench/fake_scale.py
 	$(PY) bench/policies.py
+	$(PY) bench/rok.py --plot bench-out/rok.png
+	$(PY) bench/fidelity.py
 
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache .mypy_cache .ruff_cache

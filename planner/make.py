@@ -31,15 +31,24 @@ class RankPlan:
 
 
 def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
-                   capacity_bytes: float, max_rounds: int = 4) -> tuple[tuple[Move, ...], SimResult]:
+                   capacity_bytes: float, max_rounds: int = 4, *, copy_cost_s_per_byte: float = 0.0,
+                   op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0) -> tuple[tuple[Move, ...], SimResult]:
     """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
 
     Urgent transfers are served first, which can make other ones late; after
     ``max_rounds`` the last simulation stands and what it waited on is marked
     too, so every transfer an op waits on in the returned simulation is urgent.
+    ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte``: NOTE [ Copies on the
+    compute ] in ``planner.simulate``.
     """
+
+    def sim_of(moves: tuple[Move, ...]) -> SimResult:
+        return simulate(problem, moves, bw_bytes_per_s, capacity_bytes,
+                        copy_cost_s_per_byte=copy_cost_s_per_byte, op_overhead_s=op_overhead_s,
+                        refault_s_per_byte=refault_s_per_byte)
+
     current = tuple(moves)
-    sim = simulate(problem, current, bw_bytes_per_s, capacity_bytes)
+    sim = sim_of(current)
     for round_ in range(max_rounds + 1):
         marked = tuple(
             mv.with_urgency(i in sim.waited_offloads, i in sim.waited_prefetches)
@@ -49,7 +58,7 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
             break
         current = marked
         if round_ < max_rounds:
-            sim = simulate(problem, current, bw_bytes_per_s, capacity_bytes)
+            sim = sim_of(current)
     return current, sim
 
 
@@ -75,12 +84,14 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
         if len(clocks) == 1:
             best = ((True, 0.0), planned)
             break
-        sim = simulate(problem, planned, bw, hw.gpu_mem_bytes)
+        sim = simulate(problem, planned, bw, hw.gpu_mem_bytes, copy_cost_s_per_byte=hw.copy_cost_s_per_byte,
+                       op_overhead_s=hw.op_overhead_s, refault_s_per_byte=hw.refault_s_per_byte)
         score = (sim.fits, -sim.iteration_us)
         if best is None or score > best[0]:
             best = (score, planned)
     assert best is not None  # the ops' own clock is always tried
-    moves, sim = settle_urgency(problem, best[1], bw, hw.gpu_mem_bytes)
+    moves, sim = settle_urgency(problem, best[1], bw, hw.gpu_mem_bytes, copy_cost_s_per_byte=hw.copy_cost_s_per_byte,
+                                op_overhead_s=hw.op_overhead_s, refault_s_per_byte=hw.refault_s_per_byte)
     return RankPlan(problem, moves, sim)
 
 
@@ -108,6 +119,10 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
         "bound_phases_us": bound.phases_us,
         "bound_ratio": sim.iteration_us / bound.iteration_us if bound.iteration_us > 0 else 1.0,
         "stall_us": sim.stall_us,
+        # NOTE [ Copies on the compute ]: what the ops took beyond their profiled time
+        "copy_charge_us": sim.copy_charge_us,
+        "op_overhead_us": sim.op_overhead_us,
+        "refault_us": sim.refault_us,
         "num_stalled_ops": sim.num_stalls,
         "num_migrations": sum(1 + mv.reads_back for mv in moves),
         "num_offload_only": sum(not mv.reads_back for mv in moves),
@@ -192,6 +207,9 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
         "ssd_write_bw_bytes_per_s": hw.ssd_write_bw_bytes_per_s,
         "host_bw_bytes_per_s": hw.host_bw_bytes_per_s,
         "host_mem_bytes": hw.host_mem_bytes,
+        "copy_cost_s_per_byte": hw.copy_cost_s_per_byte,
+        "op_overhead_s": hw.op_overhead_s,
+        "refault_s_per_byte": hw.refault_s_per_byte,
         **(extra_parameters or {}),
     }
     return Plan(
