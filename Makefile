@@ -24,7 +24,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: lint
-	$(VENV)/bin/pytest -q
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist worksteal
 
 # Profile, plan at half the profiled peak, run; then peak memory, time and losses side by side.
 demo: install
@@ -40,6 +40,8 @@ bench: install
 	$(PY) bench/policies.py
 	$(PY) bench/rok.py --plot bench-out/rok.png
 	$(PY) bench/fidelity.py
+	$(PY) bench/compile.py
+	$(PY) bench/jobs.py
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache .mypy_cache .ruff_cache

@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import quiet
 from demo import EXAMPLE, losses, report_peak_mib, sh, step_ms, step_peak_mib, teraio
 
 DEFAULT_ARGS = ["--layers", "4", "--hidden", "256", "--seq", "256", "--batch", "8", "--steps", "6"]
@@ -50,7 +51,7 @@ def main() -> None:
                 ("teraio", teraio("run", "--plan", work / "plan.json", "--swap-dir", work, "--report",
                                   work / "run.json", EXAMPLE, "--", *ex_args, "--timing", "--compile")),
             ):
-                r = sh(*cmd)
+                r = quiet.sh(*cmd, label=name)
                 times[name].append(step_ms(r.stdout))
                 seen[name] = losses(r.stdout)
                 if name == "teraio":
@@ -69,6 +70,7 @@ def main() -> None:
     print(f"teraio tracked peak {max(tracked):,.1f} MiB, {max(tracked) * 2**20 / budget:.3f} of the budget")
     print(f"losses: teraio {'==' if seen['teraio'] == seen['eager'] else '!='} eager, "
           f"compiled {'==' if seen['compiled'] == seen['eager'] else '!='} eager")
+    print(quiet.TALLY.line())
     print(f"compiled_over_eager={med['compiled'] / med['eager']:.3f} "
           f"teraio_over_eager={med['teraio'] / med['eager']:.3f} "
           f"teraio_over_compiled={med['teraio'] / med['compiled']:.3f} "

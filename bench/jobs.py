@@ -6,7 +6,8 @@ For each job, 2 processes on the CPU with gloo: `teraio profile --nproc 2`, the
 peak of every rank from the profile (for the pipelines, the imbalance across
 stages each schedule gives), `teraio plan` at ``--budget`` of the largest
 rank's peak (or the least any plan meets, when that is more), then the plain
-job and `teraio run --nproc 2` side by side: every rank's tracked peak against
+job and `teraio run --nproc 2` side by side (timed runs gated by
+bench/quiet.py): every rank's tracked peak against
 the budget, the job's iteration time measured (the slowest rank's median)
 against the plan's prediction (the job's, from all ranks' ops together, when
 the plan has it; else the slowest rank's), and whether the losses are equal.
@@ -23,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import quiet
 from demo import ROOT, sh, teraio
 
 EXAMPLES = ROOT / "examples"
@@ -59,10 +61,10 @@ def one_job(name: str, ex_args: list[str], budget_share: float, work: Path) -> d
     by_rank = doc["summary_by_rank"]
     peaks = {int(k): s["peak_before_bytes"] for k, s in by_rank.items()}
     predicted_us = doc["summary"].get("job_iteration_us") or max(s["predicted_iteration_us"] for s in by_rank.values())
-    plain = sh(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               EXAMPLES / script, *args, "--timing")
-    run = sh(*teraio("run", "--nproc", "2", "--plan", plan, "--swap-dir", work, "--report", work / f"{name}-run.json",
-                     EXAMPLES / script, "--", *args, "--timing"))
+    plain = quiet.sh(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                     EXAMPLES / script, *args, "--timing")
+    run = quiet.sh(*teraio("run", "--nproc", "2", "--plan", plan, "--swap-dir", work,
+                           "--report", work / f"{name}-run.json", EXAMPLES / script, "--", *args, "--timing"))
     report = json.loads((work / f"{name}-run.json").read_text())
     tracked = {int(r): max(p for i, (p, f) in enumerate(zip(rr["iteration_peak_bytes"], rr["iteration_followed"],
                                                             strict=True)) if i and f)
@@ -91,6 +93,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for name in args.jobs:
             figures[name] = one_job(name, args.example_args or DEFAULT_ARGS, args.budget, Path(d))
+    print(quiet.TALLY.line())
     print(" ".join(f"{k}.{name}={v:.3f}" for name, f in figures.items() for k, v in f.items()))
 
 
