@@ -19,7 +19,7 @@ from planner.plan import Plan, load_plan
 from runtime.backends import Backend, HostBackend, KvikioBackend, PosixBackend
 from runtime.engine import MigrationEngine
 from runtime.errors import SwapKeptError
-from runtime.executor import PlanExecutor
+from runtime.executor import PlanExecutor, signals_held
 from runtime.memory import peak_rss_bytes, reset_peak_rss
 from runtime.swapdir import sweep
 
@@ -124,8 +124,9 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
         ended_by = exc
         raise
     finally:
-        engine.close()
-        kept = _close_backends(executor, backends)
+        with signals_held():  # as the exit's restore: keeping the bytes of what is still out
+            engine.close()
+            kept = _close_backends(executor, backends)
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
         if report is not None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import shutil
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -32,7 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
-from runtime.swapdir import keep_swap_dir, make_swap_dir
+from runtime.swapdir import keep_swap_dir, make_swap_dir, remove_swap_dir
 
 __all__ = ["Backend", "BackendFull", "HostBackend", "KvikioBackend", "PosixBackend", "backend_names"]
 
@@ -320,7 +319,7 @@ def _close_dir(directory: Path, where: Callable[[int], str], keep: Mapping[int, 
     files = [{**info, "file": Path(where(key)).name} for key, info in keep.items()
              if os.path.exists(where(key))]
     if not files:
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_swap_dir(directory)
         return None
     return keep_swap_dir(directory, files)
 

@@ -39,7 +39,7 @@ from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.storage import byte_view, free_storage, realloc_storage
 from torch_patch.opstream import OpInfo, OpStream
 
-__all__ = ["PlanExecutor", "Residency", "RunStats"]
+__all__ = ["PlanExecutor", "Residency", "RunStats", "signals_held"]
 
 # Steady iterations that may leave the plan before one follows it to its end, before the
 # plan is refused as made for another profile (NOTE [ Boundaries ] in runtime.boundary).
@@ -465,9 +465,11 @@ class PlanExecutor(OpStream):
         tid = job.tensor_id
         if job.error is not None:
             error = StorageIOError(tid, entry.backend.where(entry.key), str(job.error))
+            # its bytes are still only in the backend: an exit's restore_all reads it again or
+            # keeps its file, never takes the reallocated storage's partial bytes for it
+            entry.state = Residency.SSD if entry.target == "ssd" else Residency.HOST
             if errors is None:
                 raise error
-            entry.state = Residency.SSD if entry.target == "ssd" else Residency.HOST
             errors.append(error)
             return
         self._count(job)
@@ -663,7 +665,14 @@ class PlanExecutor(OpStream):
 
     def __enter__(self):  # type: ignore[no-untyped-def]
         out = super().__enter__()
-        self._patch(torch, "save", self._save)
+        # Every torch.save writes through one of torch.serialization's two writers, whatever
+        # name the script holds it by (torch.serialization.save, or `from torch import save`
+        # run before teraio started): wrap those where this torch has them.
+        writers = [name for name in ("_save", "_legacy_save") if hasattr(torch.serialization, name)]
+        for name in writers:
+            self._patch(torch.serialization, name, self._save)
+        if not writers:
+            self._patch(torch, "save", self._save)
         return out
 
     def _save(self, save: Any) -> Any:
@@ -680,7 +689,7 @@ class PlanExecutor(OpStream):
         ``restore_errors`` (``runtime.api.offload`` keeps their bytes and names them)."""
         self.restore_errors: list[StorageIOError] = []
         try:
-            with _signals_held():
+            with signals_held():
                 self._drain(self.restore_errors)
                 self.restore_all(self.restore_errors)
         finally:
@@ -688,7 +697,7 @@ class PlanExecutor(OpStream):
 
 
 @contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM wait for the body (bringing every tensor back at exit) to end, then
     act as they would have: a second Ctrl-C, or a launcher stopping a job's other ranks, must
     not leave bytes only in swap files. Main thread only; elsewhere a no-op."""

@@ -2,11 +2,16 @@
 
 NOTE [ Swap directories ]: a backend that writes files makes its own directory
 ``teraio-swap-*`` (mode 0700) under the swap dir, with ``owner.json``: the host
-name, the pid and the process's start time (so that a reused pid is not taken
-for the owner). A run killed outright (SIGKILL: the OOM killer, a preempted
-node) cannot remove it; the next run on the same parent removes every
-``teraio-swap-*`` directory whose owner, on this host, is gone, and says how
-much it freed; ``teraio clean`` does it on request. A directory without an
+name, the pid and the process's start time, and the owner holds an exclusive
+``flock`` on that file for as long as the directory is its own. A run killed
+outright (SIGKILL: the OOM killer, a preempted node) cannot remove it, but the
+kernel drops its lock; the next run on the same parent removes every
+``teraio-swap-*`` directory of this host whose lock it can take, and says how
+much it freed; ``teraio clean`` does it on request. The lock, not the pid, is
+what tells: a run in another container on this host (another pid namespace,
+the same host name, a shared swap mount) holds its lock where its pid means
+nothing here. A record without the lock (teraio before it) is judged by its
+pid and start time (so that a reused pid is not taken for the owner). A directory without an
 owner record (made by teraio 0.1) is listed, never removed automatically.
 Bytes teraio could not restore at exit stay in a ``teraio-kept-*`` directory
 with a ``kept.json`` manifest, which nothing removes but the user.
@@ -14,6 +19,7 @@ with a ``kept.json`` manifest, which nothing removes but the user.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -23,12 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEPT_PREFIX", "SWAP_PREFIX", "Sweep", "keep_swap_dir", "make_swap_dir", "sweep"]
+__all__ = ["KEPT_PREFIX", "SWAP_PREFIX", "Sweep", "keep_swap_dir", "make_swap_dir", "remove_swap_dir", "sweep"]
 
 SWAP_PREFIX = "teraio-swap-"
 KEPT_PREFIX = "teraio-kept-"
 OWNER_FILE = "owner.json"
 KEPT_FILE = "kept.json"
+_LOCKS: dict[Path, int] = {}  # swap directory -> its owner.json's descriptor, locked (NOTE above)
 
 
 def _start_time(pid: int) -> str | None:
@@ -52,8 +59,39 @@ def make_swap_dir(parent: str | os.PathLike[str] | None) -> Path:
         base.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=SWAP_PREFIX, dir=base))
     os.chmod(path, 0o700)
-    (path / OWNER_FILE).write_text(json.dumps(_owner()) + "\n")
+    # locked before it says so: a sweep reads an empty record as no record, and leaves it
+    fd = os.open(path / OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, (json.dumps({**_owner(), "locked": True}) + "\n").encode())
+    _LOCKS[path] = fd
     return path
+
+
+def _release(path: Path) -> None:
+    fd = _LOCKS.pop(path, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def remove_swap_dir(path: Path) -> None:
+    """Remove a swap directory of this process (its lock released)."""
+    _release(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _lock_held(path: Path) -> bool:
+    """Whether some process holds the lock of ``path`` (an owner record)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # with our lock, if we took it
+    return False
 
 
 def _size(path: Path) -> int:
@@ -86,6 +124,10 @@ def _is_stale(path: Path, host: str) -> bool | None:
         return None
     if where != host:
         return False  # another node's, on a shared file system: not ours to judge
+    if path in _LOCKS:
+        return False  # this process's own
+    if owner.get("locked"):
+        return not _lock_held(path / OWNER_FILE)
     now = _start_time(pid)
     return now is None or (start is not None and now != start)
 
@@ -122,6 +164,7 @@ def keep_swap_dir(path: Path, files: list[dict[str, Any]]) -> Path:
     """Keep swap directory ``path`` with only ``files`` in it (dicts with a ``file`` name and
     what is known of the tensor), renamed ``teraio-kept-*``, with a ``kept.json`` manifest."""
     names = {str(f["file"]) for f in files}
+    _release(path)
     for entry in path.iterdir():
         if entry.name not in names:
             if entry.is_dir():

@@ -31,7 +31,8 @@ def mlp_and_data(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer,
     return model, torch.optim.Adam(model.parameters(), lr=1e-3), torch.Generator().manual_seed(seed)
 
 
-def train(steps: int, hook=None) -> tuple[list[float], list[torch.Tensor]]:  # type: ignore[no-untyped-def]
+def train(steps: int, hook=None, save_at=None) -> tuple[list[float], list[torch.Tensor]]:  # type: ignore[no-untyped-def] # noqa: E501
+    """``hook(step)`` and ``save_at(step, model, opt)`` run between each step's forward and backward."""
     model, opt, gen = mlp_and_data()
     losses = []
     for step in range(steps):
@@ -39,6 +40,8 @@ def train(steps: int, hook=None) -> tuple[list[float], list[torch.Tensor]]:  # t
         loss = model(x).square().mean()
         if hook is not None:
             hook(step)
+        if save_at is not None:
+            save_at(step, model, opt)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -221,7 +224,35 @@ def test_what_cannot_be_restored_at_exit_is_kept_and_named(plan: Plan, tmp_path:
     files = {f["file"] for f in manifest["files"]}
     assert files and files == {p.name for p in kept.glob("*.bin")}
     assert all(f["tensor"] in str(caught.value) for f in manifest["files"])
+    # the tensor whose read failed during training keeps its file too
+    assert Path(caught.value.__cause__.where).name in files
     assert not list(tmp_path.glob("teraio-swap-*"))
+
+
+SAVE_BOUND_AT_IMPORT = torch.save  # as `from torch import save` before teraio starts
+
+
+@pytest.mark.parametrize("name", ["torch.save", "bound before teraio"])
+def test_a_checkpoint_saved_mid_iteration_holds_the_offloaded_bytes(plan: Plan, name: str, tmp_path: Path) -> None:
+    """A save between forward and backward, while the first layers' weights are out: they
+    come back for it (and go out again), so the file's bytes are the plain run's, whichever
+    name the script calls torch.save by."""
+    def save_at(to: Path) -> Callable[[int, torch.nn.Module, torch.optim.Optimizer], None]:
+        def hook(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+            if step == 3:
+                save = torch.save if name == "torch.save" else SAVE_BOUND_AT_IMPORT
+                # the tensors themselves: state_dict()'s detach ops would fault them in first
+                save({"params": list(model.parameters()), "opt": opt.state_dict()}, to)
+        return hook
+
+    plain, teraio = tmp_path / "plain", tmp_path / "teraio"  # one file name: the zip's records have it
+    plain.mkdir()
+    teraio.mkdir()
+    expected = train(5, save_at=save_at(plain / "ckpt.pt"))
+    with offload(plan, swap_dir=tmp_path) as ex:
+        assert same(train(5, save_at=save_at(teraio / "ckpt.pt")), expected)
+    assert ex.stats.save_fetches > 0
+    assert (plain / "ckpt.pt").read_bytes() == (teraio / "ckpt.pt").read_bytes()
 
 
 def test_plan_for_another_model_is_refused(plan: Plan) -> None:

@@ -118,3 +118,26 @@ def test_a_killed_runs_swap_files_are_removed_by_the_next_run_and_by_teraio_clea
     assert re.search(r"removed 1 swap directories left by runs that were killed \((?!0\.0 )[\d.,]+ MiB freed\)",
                      r.stderr)
     assert alive.exists() and unowned.exists()
+
+
+def test_a_live_owner_in_another_pid_namespace_keeps_its_swap_directory(tmp_path: Path) -> None:
+    """Another container on this host (same host name, another pid namespace) shares the swap
+    mount: its pid means nothing here, but it holds its directory's lock, so no sweep takes it;
+    once it is killed, the next sweep does."""
+    from runtime.swapdir import sweep
+
+    owner = subprocess.Popen([sys.executable, "-c", "import sys; from runtime.swapdir import make_swap_dir; "
+                              "print(make_swap_dir(sys.argv[1]), flush=True); sys.stdin.read()", str(tmp_path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert owner.stdout is not None
+        path = Path(owner.stdout.readline().strip())
+        record = json.loads((path / "owner.json").read_text())
+        assert record["locked"] and record["pid"] == owner.pid
+        # as seen from another pid namespace: a pid that is nobody here
+        (path / "owner.json").write_text(json.dumps({**record, "pid": 2**22 + 7}))
+        assert sweep(tmp_path).removed == () and path.exists()
+    finally:
+        owner.kill()
+        owner.wait(timeout=60)
+    assert sweep(tmp_path).removed == (path,) and not path.exists()
