@@ -71,7 +71,7 @@ from planner.greedy import Move
 from planner.hardware import Hardware
 from planner.make import RankPlan, settle_urgency
 from planner.problem import PlanProblem, problem_from_profile
-from planner.simulate import simulate
+from planner.simulate import FREE_BW, simulate
 from profiles import Profile
 
 __all__ = ["BASELINES", "activation_offload", "checkpointed", "ideal", "layer_of_ops", "run_baselines",
@@ -81,8 +81,6 @@ BASELINES = ("ideal", "activation_offload", "zero_offload", "zero_infinity")
 _LAYER = re.compile(r"^(.*?(?:^|\.)\d+)(?:\.|$)")
 _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
              "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
-# A release that costs nothing: the bandwidth of a write channel that carries no bytes (bytes/s).
-_FREE_BW = 1e30
 
 
 def _module_layers(problem: PlanProblem) -> np.ndarray:
@@ -296,7 +294,7 @@ def _zero_plan(problem: PlanProblem, hw: Hardware, info: dict[str, object], stag
     if stage == 3:
         params = np.flatnonzero((problem.kind == "param") & (problem.end_op - problem.start_op >= 2))
         moves += _moves(problem, params, "host")
-    bw = {"host_write": _FREE_BW, "host_read": float(info["fetch_bw"])}  # type: ignore[arg-type]
+    bw = {"host_write": FREE_BW, "host_read": float(info["fetch_bw"])}  # type: ignore[arg-type]
     if activations_to_ssd:
         moves += _moves(problem, _saved_activations(problem), "ssd", in_phase=True)
         bw |= {"ssd_write": hw.ssd_write_bw_bytes_per_s, "ssd_read": hw.ssd_read_bw_bytes_per_s}

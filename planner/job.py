@@ -112,11 +112,15 @@ class RankOps:
 
 
 def rank_ops(problem: PlanProblem, sim: SimResult | None = None) -> RankOps:
-    """The job graph's view of one planned rank: its ops, with ``sim``'s stalls (none: ideal)."""
+    """The job graph's view of one planned rank: its ops, as long as ``sim`` ran them (with
+    what copies cost the compute there) and with its stalls; with no ``sim``, ideal."""
     n = problem.num_ops
     peer = np.full(n, -1, np.int64) if problem.peer is None else np.asarray(problem.peer, np.int64)
-    stall = np.zeros(n) if sim is None else np.asarray(sim.stall_us_before, np.float64)
-    return RankOps(problem.rank, problem.op_names, np.asarray(problem.duration_us, np.float64), peer, stall)
+    if sim is None:
+        return RankOps(problem.rank, problem.op_names, np.asarray(problem.duration_us, np.float64), peer,
+                       np.zeros(n))
+    return RankOps(problem.rank, problem.op_names, sim.op_run_us, peer,
+                   np.asarray(sim.stall_us_before, np.float64))
 
 
 def rank_ops_from_kernels(rank: int, kernels: Any) -> RankOps:

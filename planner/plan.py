@@ -235,7 +235,8 @@ class Plan:
 
     @classmethod
     def from_json(cls, doc: Any, source: object = "plan") -> Plan:
-        """Validate and read a ``teraio-plan/1`` document; ``PlanFormatError`` on any problem."""
+        """Validate and read a ``teraio-plan/2`` document; ``PlanFormatError`` on any problem
+        (a version 1 plan is refused with what to do)."""
         if not isinstance(doc, dict):
             raise PlanFormatError(source, "not a JSON object")
         if doc.get("format") in _OLDER:

@@ -40,7 +40,11 @@ import numpy as np
 from planner.greedy import Move
 from planner.problem import PlanProblem
 
-__all__ = ["SimResult", "simulate"]
+__all__ = ["FREE_BW", "SimResult", "simulate"]
+
+# A channel this fast carries releases, not bytes (a baseline's parameters dropped where
+# the master copy is elsewhere): instant, and no copy cost (NOTE [ Copies on the compute ]).
+FREE_BW = 1e30  # bytes/s
 
 # NOTE [ Copies on the compute ]: on a GPU, transfers run on copy engines beside
 # the kernels, and an op takes its profiled time whatever moves meanwhile. On a
@@ -104,6 +108,13 @@ class SimResult:
     @property
     def slowdown(self) -> float:
         return self.iteration_us / self.ideal_iteration_us if self.ideal_iteration_us else 1.0
+
+    @property
+    def op_run_us(self) -> np.ndarray:
+        """(num_ops,) float64: how long each op ran, its stall left out: its profiled time and
+        what NOTE [ Copies on the compute ] adds to it."""
+        ends = np.append(self.op_start_us[1:] - self.stall_us_before[1:], self.iteration_us)
+        return ends - self.op_start_us if len(self.op_start_us) else np.zeros(0)
 
     def utilisation(self, bw_bytes_per_s: dict[str, float]) -> dict[str, float]:
         """Bytes moved over what each channel could move in the iteration."""
@@ -184,7 +195,7 @@ class _Sim:
             if self.measuring:
                 self.moved[c] += used
                 self.busy[c] += used / bw
-            if self.computing:
+            if self.computing and bw < FREE_BW * 1e-6:  # bw in bytes/us
                 self.debt_us += used * self.copy_us_per_byte
         self.now += dt
 

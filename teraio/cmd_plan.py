@@ -79,6 +79,8 @@ def _relative_budget(text: str, problems: list[Any]) -> int:
     share of the largest rank's profiled peak."""
     from planner.problem import resident_need_bytes
 
+    if not any(p.num_ops for p in problems):
+        fail(f"--gpu-mem {text}: the profile has no ops to take a budget from; give the budget in bytes")
     if text == "min":
         return max(int(resident_need_bytes(p).max()) for p in problems if p.num_ops)
     try:
@@ -266,7 +268,8 @@ def plan(
         help="Also write the simulated iteration as a Chrome trace (open it in Perfetto).",
         show_default=False)] = None,
     compare: Annotated[bool, typer.Option(
-        help="Simulate the baselines (keep, activation offload, ZeRO-Offload) side by side.")] = True,
+        help="Simulate the baselines side by side: ideal (infinite memory), activation offload, ZeRO-Offload "
+             "and ZeRO-Infinity, each as its users make it fit (planner/baselines.py).")] = True,
     ssd_endurance_pbw: Annotated[float | None, typer.Option(
         help="Endurance of the SSD in petabytes written (PBW), for its predicted life. Default: "
              "70, a mainstream data-centre drive (Solidigm D7-P5620 12.8 TB: 3 drive writes a "
@@ -293,7 +296,7 @@ def plan(
 
     Prints peak memory before and after against the capacity, the predicted
     iteration time against the ideal (infinite memory) time, stalls, bytes
-    moved and bandwidth use, and writes the plan (format teraio-plan/1).
+    moved and bandwidth use, and writes the plan (format teraio-plan/2, docs/formats.md).
     Exit codes: 0 done, 2 bad input (options, profile, a capacity no plan can
     meet).
     """

@@ -88,8 +88,12 @@ def launch(nproc: int, argv: list[str], after: Callable[[], None] | None = None)
 
 
 def part_path(out: Path, rank: int) -> Path:
-    """Where rank ``rank`` of a job writes its part of ``out``."""
-    return out.parent / f".{out.name}.ranks" / f"rank-{rank}{out.suffix}"
+    """Where rank ``rank`` of a job writes its part of ``out``: a directory of this job's own
+    (torchrun's run id, the same on every node), so that parts a killed job left are never
+    taken for this one's."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    run = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id) or "none"
+    return out.parent / f".{out.name}.ranks-{run}" / f"rank-{rank}{out.suffix}"
 
 
 def gather(out: Path, world_size: int, read: Callable[[Path], T],

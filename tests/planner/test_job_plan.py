@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -38,6 +39,22 @@ def test_job_summary_from_the_ranks_simulations(job: tuple[dict[int, RankPlan], 
     assert s["job_ideal_iteration_us"] == ideal.iteration_us
     assert s["critical_rank"] in rank_plans
     assert sum(s["critical_us_by_rank"].values()) == pytest.approx(s["job_iteration_us"])
+
+
+def test_the_job_counts_what_copies_cost_the_compute(job: tuple[dict[int, RankPlan], Hardware, dict]) -> None:
+    """On a CPU profile each rank's prediction includes what its copies and the runtime cost its
+    ops (NOTE [ Copies on the compute ]); the job's prediction is made of the same op times."""
+    rank_plans, hw, _ = job
+    costly = dataclasses.replace(hw, copy_cost_s_per_byte=2e-10, op_overhead_s=5e-6)
+    plans = {r: plan_rank(rp.problem, costly) for r, rp in rank_plans.items()}
+    for rp in plans.values():
+        assert rp.sim.copy_charge_us > 0 and rp.sim.op_overhead_us > 0
+        run = rp.sim.op_run_us
+        extra = rp.sim.copy_charge_us + rp.sim.op_overhead_us + rp.sim.refault_us
+        assert run.sum() == pytest.approx(rp.problem.duration_us.sum() + extra)
+        assert run.sum() + rp.sim.stall_us == pytest.approx(rp.sim.iteration_us)
+    s = job_summary(plans)
+    assert s["job_iteration_us"] >= max(rp.sim.iteration_us for rp in plans.values()) - 1e-6
 
 
 def test_job_plan_round_trip_and_agreement(tmp_path: Path, job: tuple[dict[int, RankPlan], Hardware, dict]) -> None:
