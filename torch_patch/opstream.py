@@ -119,7 +119,9 @@ def _op_info(func: Any) -> OpInfo:
     # prim::device and friends are metadata queries that only tensor subclasses (fake
     # tensors) send through dispatch modes: no op, no data, not counted.
     skip = func.namespace in ("profiler", "prim")
-    peer = next((i for i, a in enumerate(args) if a.name in ("dstRank", "srcRank")), None)
+    # torch 2.13 names them dst and src (dstRank and srcRank before); a rank of the op's group
+    peer = next((i for i, a in enumerate(args) if a.name in ("dst", "src", "dstRank", "srcRank")
+                 and func.namespace == "c10d"), None)
     return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer)
 
 
