@@ -37,6 +37,9 @@ bench: install
 	$(PY) bench/run_overhead.py -- --layers 2 --hidden 1024 --heads 16 --seq 512 --batch 8
 	$(PY) bench/plan_scale.py
 	$(PY) bench/fake_scale.py
+	$(PY) bench/policies.py
+	$(PY) bench/rok.py --plot bench-out/rok.png
+	$(PY) bench/fidelity.py
 
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache .mypy_cache .ruff_cache

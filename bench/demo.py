@@ -21,13 +21,13 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_gpt.py"
 
 
-def sh(*args: str | Path, quiet: bool = False) -> subprocess.CompletedProcess[str]:
+def sh(*args: str | Path, quiet: bool = False, check: bool = True) -> subprocess.CompletedProcess[str]:
     cmd = [str(a) for a in args]
     shown = " ".join(a if a != sys.executable else "python" for a in cmd)
     if not quiet:
         print(f"$ {shown}", flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
+    if r.returncode != 0 and check:
         sys.stderr.write(r.stdout + r.stderr)
         raise SystemExit(f"demo: the step above failed with exit status {r.returncode}")
     return r

@@ -17,6 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class Attention(nn.Module):
@@ -53,8 +54,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, seq: int, layers: int, hidden: int, heads: int) -> None:
+    def __init__(self, vocab: int, seq: int, layers: int, hidden: int, heads: int,
+                 checkpointed: bool = False) -> None:
         super().__init__()
+        self.checkpointed = checkpointed
         self.tok = nn.Embedding(vocab, hidden)
         self.pos = nn.Embedding(seq, hidden)
         self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
@@ -65,7 +68,9 @@ class GPT(nn.Module):
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok(idx) + self.pos(pos)
         for block in self.blocks:
-            x = block(x)
+            # Activation checkpointing per block: keep only the block's input, recompute the
+            # rest in backward (non-reentrant, PyTorch's recommended form).
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
         return self.head(self.ln(x))
 
 
@@ -117,6 +122,9 @@ def main() -> None:
                         "one op updates every parameter at once")
     p.add_argument("--compile", action="store_true",
                    help="train the model through torch.compile (under teraio it runs eagerly)")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing per transformer block (torch.utils.checkpoint, "
+                        "use_reentrant=False): the blocks' activations are recomputed in backward")
     p.add_argument("--save", help="write the final parameters here (torch.save of state_dict)")
     p.add_argument("--timing", action="store_true",
                    help="also print each step's wall time, its peak RSS (MiB, Linux) and on CUDA its "
@@ -129,7 +137,8 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    model = GPT(args.vocab, args.seq, args.layers, args.hidden, args.heads).to(args.device)
+    model = GPT(args.vocab, args.seq, args.layers, args.hidden, args.heads,
+                checkpointed=args.checkpoint).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=True if args.foreach else None)
     step_model = torch.compile(model) if args.compile else model
     for step in range(args.steps):

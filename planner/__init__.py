@@ -1,8 +1,9 @@
 """Lifetime-aware, bandwidth-aware offload planning; imports no torch.
 
 Entry points: ``problem_from_profile`` (profile -> arrays), ``plan_greedy``
-(arrays + hardware -> moves), ``simulate`` (moves -> predicted time and
-memory), ``plan_rank``/``build_plan`` (all of it -> the plan.json model), and
+(arrays + hardware -> moves), ``planner.simulate.simulate`` (moves -> predicted
+time and memory; not re-exported, as its module has its name),
+``plan_rank``/``build_plan`` (all of it -> the plan.json model), and
 ``load_plan``/``save_plan`` for plan.json (format in ``planner.plan``).
 
 Only the errors load eagerly; the rest loads on first use, so that the runtime
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from planner.make import RankPlan, build_plan, plan_rank, summarize
     from planner.plan import FORMAT, Migration, Plan, load_plan, save_plan
     from planner.problem import PlanProblem, problem_from_profile
-    from planner.simulate import SimResult, simulate
+    from planner.simulate import SimResult
 
 _LAZY = {
     "FORMAT": "planner.plan",
@@ -39,7 +40,6 @@ _LAZY = {
     "plan_rank": "planner.make",
     "problem_from_profile": "planner.problem",
     "save_plan": "planner.plan",
-    "simulate": "planner.simulate",
     "summarize": "planner.make",
 }
 
@@ -60,7 +60,6 @@ __all__ = [
     "plan_rank",
     "problem_from_profile",
     "save_plan",
-    "simulate",
     "summarize",
 ]
 

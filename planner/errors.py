@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from profiles.errors import TeraioError
 
-__all__ = ["InfeasibleBudgetError", "PlanFormatError"]
+__all__ = ["InfeasibleBudgetError", "JobGraphError", "PlanFormatError"]
 
 
 class InfeasibleBudgetError(TeraioError, ValueError):
@@ -34,3 +34,8 @@ class PlanFormatError(TeraioError):
         super().__init__(f"{path}: {problem}")
         self.path = path
         self.problem = problem
+
+
+class JobGraphError(TeraioError, ValueError):
+    """The ranks of a job profile do not fit together: a send without its receive, collectives
+    that do not line up, or ranks that would wait on each other for ever (``planner.job``)."""

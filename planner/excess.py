@@ -54,7 +54,7 @@ import math
 
 import numpy as np
 
-__all__ = ["Excess"]
+__all__ = ["Excess", "OverLedger"]
 
 # ``benefits`` sums whole blocks by prefix sums for at least this many windows (NOTE [ Excess blocks ]).
 _MANY_WINDOWS = 1024
@@ -273,3 +273,50 @@ class Excess:
             step //= 2
         busy = self._sorted_busy[block, r]
         return self._sorted_sum[block, r] - self._pending[block] * busy + s * (self._sorted_busy[block, b] - busy)
+
+
+class OverLedger:
+    """``over`` under frees with point queries only, each O(log n): the stall fixes' view
+    (``planner.greedy``, NOTE [ Stall fixes ]), which asks no benefit sums.
+
+    Frees compose by addition: ``max(max(x - a, 0) - b, 0) == max(x - a - b, 0)`` for ``a, b >= 0``,
+    so ``over[k]`` is ``max(start[k] - freed[k], 0)``, with the bytes freed at each op kept as a
+    difference array in a Fenwick tree (whole bytes: the float sums are exact).
+    """
+
+    def __init__(self, over_bytes: np.ndarray) -> None:
+        self.n = len(over_bytes)
+        self._start = np.asarray(over_bytes, np.float64).copy()
+        self._tree = [0.0] * (self.n + 1)  # Fenwick tree over the difference array of the frees
+        self._diff = np.zeros(self.n + 1)  # the same array, for ``values``
+
+    def _add(self, i: int, value: float) -> None:
+        self._diff[i] += value
+        i += 1
+        tree, n = self._tree, self.n
+        while i <= n:
+            tree[i] += value
+            i += i & -i
+
+    def free(self, lo: int, hi: int, size: float) -> None:
+        """``over[lo:hi] = max(over[lo:hi] - size, 0)``; ``0 <= lo <= hi <= n``."""
+        if hi <= lo:
+            return
+        self._add(lo, size)
+        if hi < self.n:
+            self._add(hi, -size)
+
+    def at(self, k: int) -> float:
+        total, i, tree = 0.0, k + 1, self._tree
+        while i > 0:
+            total += tree[i]
+            i -= i & -i
+        return max(float(self._start[k]) - total, 0.0)
+
+    def values(self) -> np.ndarray:
+        """(n,) float64: ``over`` now."""
+        return np.maximum(self._start - np.cumsum(self._diff)[:self.n], 0.0)
+
+    @property
+    def num_over(self) -> int:
+        return int(np.count_nonzero(self.values() > 0))

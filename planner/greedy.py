@@ -71,7 +71,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from planner.channels import Channel
-from planner.excess import Excess
+from planner.excess import Excess, OverLedger
 from planner.hardware import Hardware
 from planner.problem import PlanProblem, check_capacity
 
@@ -181,15 +181,19 @@ class _Planner:
         self.host_used = np.zeros(n, np.float64)
         self.selected = np.zeros(problem.num_periods, bool)
         self.moves: list[Move] = []
-        self.windows: list[tuple[int, int]] = []  # per move: [first op, end op) of freed memory
+        # (capacity, 4) int64, a row per move: its period's start and end op, and the window
+        # [first op, prefetch start) over which its memory is free; rows past len(moves) unused
+        self.spans = np.zeros((64, 4), np.int64)
         self.num_over_at_start = self.excess.num_over
+        self.ledger: OverLedger | None = None  # ``over`` during the stall fixes (fix_with_stalls)
 
     def _report(self) -> None:
         """Tell ``progress`` how far the plan is, at most every ``_REPORT_EVERY_S`` seconds."""
         now = time.monotonic()
         if self.progress is not None and now - self._reported >= _REPORT_EVERY_S:
             self._reported = now
-            self.progress(f"{len(self.moves):,} moves so far; {self.excess.num_over:,} of "
+            over = self.excess if self.ledger is None else self.ledger
+            self.progress(f"{len(self.moves):,} moves so far; {over.num_over:,} of "
                           f"{self.num_over_at_start:,} ops still over capacity")
 
     # ---- window arithmetic on the unrolled axis ------------------------------------------
@@ -202,8 +206,9 @@ class _Planner:
         return [(a, n), (0, b - n)]
 
     def _free_memory(self, a: int, b: int, size: float) -> None:
+        over = self.excess if self.ledger is None else self.ledger
         for lo, hi in self._segments(a, b):
-            self.excess.free(lo, hi, size)
+            over.free(lo, hi, size)
 
     # A host copy is held from the offload's trigger op through op ``end_op``, both
     # counted: the prefetch may end in that op's wait, and a trailing period's copy is
@@ -449,7 +454,10 @@ class _Planner:
             self._take_host(i)
         self._free_memory(first, start, size)
         self.selected[i] = True
-        self.windows.append((first, start))
+        m = len(self.moves)
+        if m == len(self.spans):
+            self.spans = np.concatenate([self.spans, np.zeros_like(self.spans)])
+        self.spans[m] = (s, e, first, start)
         self.moves.append(Move(
             period=i, tensor_id=int(p.tensor_id[i]), size_bytes=int(size), target=target,
             start_op=s, end_op=e, offload_trigger=s + 1, offload_deadline=first,
@@ -482,19 +490,29 @@ class _Planner:
                           who[order].tolist(), shift[order].tolist(), strict=True))
         heap: list[tuple[int, int, int, int]] = []
         nxt = 0
-        for k in np.flatnonzero(self.excess.values() > 0).tolist():
-            if self.excess.at(k) <= 0:
+        # The stall fixes ask only ``over`` at one op and free ranges: a ledger does both in O(log n)
+        # (the blocks of ``Excess`` rewrite a crossing block per free, O(sqrt n) numpy work).
+        self.ledger = ledger = OverLedger(self.excess.values())
+        over = np.flatnonzero(ledger.values() > 0)
+        if not len(over):
+            return
+        # run_end[j]: the op after the run of consecutive over-capacity ops that holds over[j]
+        breaks = np.flatnonzero(np.diff(over) > 1)
+        run_end = np.repeat(np.r_[over[breaks], over[-1:]] + 1, np.diff(np.r_[0, breaks + 1, len(over)]))
+        for k, end_k in zip(over.tolist(), run_end.tolist(), strict=True):
+            if ledger.at(k) <= 0:
                 continue
             while nxt < len(events) and add_at[nxt] <= k:
                 heapq.heappush(heap, events[nxt])
                 nxt += 1
-            while self.excess.at(k) > 0 and heap:
+            while ledger.at(k) > 0 and heap:
                 _, neg_end, i, sh = heapq.heappop(heap)
                 if -neg_end <= k or self.selected[i]:
                     continue
                 self._accept_stalling(i, k + sh)
-            if self.excess.at(k) > 0:
-                self._stretch_moves(k)
+            if ledger.at(k) > 0:
+                self._stretch_moves(k, ledger, end_k)
+        self.finish_stretches()
 
     def _accept_stalling(self, i: int, k: int) -> None:
         """Plan period ``i`` so that its memory is free at unrolled op ``k``, stalling if need be."""
@@ -518,25 +536,42 @@ class _Planner:
         read.reserve(start, size)
         self._add_move(i, target, first, start)
 
-    def _stretch_moves(self, k: int) -> None:
-        """Widen planned windows to cover op ``k`` (see NOTE [ Stall fixes ])."""
-        n = self.n
+    def _stretch_moves(self, k: int, ledger: OverLedger, run_end: int) -> None:
+        """Widen planned windows to cover op ``k`` (see NOTE [ Stall fixes ]), the least widening first.
+
+        A window ``[first, start)`` that misses an unrolled op ``ku`` idle in its period grows to
+        cover it: a write still in flight at ``ku`` must be done before it (``first = ku``); a
+        prefetch started by ``ku`` starts after it, and after the ops from ``k`` to ``run_end``
+        (those over capacity when the fixes began), which would otherwise push it one op at a time.
+        Only the ops it newly covers are freed (all of it when the window was empty: the write was
+        to end after the read had to start). The moves take their new windows in ``finish_stretches``.
+        """
+        spans = self.spans[:len(self.moves)]
+        for ku in (k, k + self.n):
+            s, e, first, start = spans.T
+            cand = np.flatnonzero((s < ku) & (ku < e) & ~((first <= ku) & (ku < start)))
+            widen = np.maximum(first[cand] - ku, 0) + np.maximum(ku + 1 - start[cand], 0)
+            for m in cand[np.argsort(widen, kind="stable")].tolist():
+                if ledger.at(k) <= 0:
+                    return
+                f0, s0 = int(first[m]), int(start[m])
+                f1 = min(f0, ku)
+                s1 = s0 if s0 > ku else min(int(e[m]), ku + 1 + max(run_end - k - 1, 0))
+                size = self.moves[m].size_bytes
+                if s0 > f0:
+                    self._free_memory(f1, f0, size)
+                    self._free_memory(s0, s1, size)
+                else:
+                    self._free_memory(f1, s1, size)
+                spans[m, 2:] = (f1, s1)
+
+    def finish_stretches(self) -> None:
+        """Give each move the window ``_stretch_moves`` left in ``spans``."""
         for m, mv in enumerate(self.moves):
-            if self.excess.at(k) <= 0:
-                return
-            for ku in (k, k + n):
-                if not mv.start_op < ku < mv.end_op:
-                    continue
-                first, start = self.windows[m]
-                if ku < first:
-                    self._free_memory(ku, first, mv.size_bytes)
-                    self.windows[m] = (ku, start)
-                    self.moves[m] = replace(mv, offload_deadline=ku)
-                elif ku >= start:
-                    self._free_memory(start, ku + 1, mv.size_bytes)
-                    self.windows[m] = (first, ku + 1)
-                    self.moves[m] = replace(mv, prefetch_trigger=ku + 1)
-                break
+            first, start = (int(x) for x in self.spans[m, 2:])
+            if first != mv.offload_deadline or (mv.reads_back and start != mv.prefetch_trigger):
+                self.moves[m] = replace(mv, offload_deadline=first,
+                                        prefetch_trigger=start if mv.reads_back else mv.end_op)
 
 
 # Measured (BENCHMARKS.md, planner tolerance), with the lazy heap: against exact greedy, 0.1

@@ -32,6 +32,18 @@ class Hardware:
     """Host memory the plan may use for offloaded tensors; 0 keeps everything on the SSD."""
     cpu_adam_params_per_s: float = DEFAULT_CPU_ADAM_PARAMS_PER_S
     """CPU optimizer throughput of the ZeRO-Offload baseline; see NOTE [ CPU-Adam throughput ]."""
+    copy_cost_s_per_byte: float = 0.0
+    """Compute time each byte moved (either way) takes from the ops, seconds per byte: 0 where
+    copies run beside the compute (a GPU's copy engines); on a CPU, where the cores that train
+    also copy, a figure measured on the machine (NOTE [ Copies on the compute ] in
+    ``planner.simulate``; ``runtime.calibrate`` measures it)."""
+    op_overhead_s: float = 0.0
+    """Time the runtime adds to every op, seconds (its dispatch mode; the profiled op times leave
+    it out): 0 where it hides behind asynchronous kernels (a GPU); measured on a CPU."""
+    refault_s_per_byte: float = 0.0
+    """Time to fault memory in again, seconds per byte: on a CPU the runtime gives the memory an
+    iteration freed back to the OS at its end, and the next iteration faults it in again up to
+    its peak (NOTE [ Copies on the compute ]); 0 on a GPU, measured on a CPU."""
 
     def __post_init__(self) -> None:
         if self.gpu_mem_bytes <= 0:
@@ -43,6 +55,10 @@ class Hardware:
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
                 raise ValueError(f"{name} must be a positive finite number, not {value}")
+        for name in ("copy_cost_s_per_byte", "op_overhead_s", "refault_s_per_byte"):
+            value = getattr(self, name)
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite number >= 0, not {value}")
 
     def channel_bw(self) -> dict[str, float]:
         """Bytes per second of each channel, by the names the simulator uses."""

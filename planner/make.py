@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from planner.bound import iteration_bound
 from planner.greedy import Move, Progress, plan_greedy
 from planner.hardware import Hardware
+from planner.job import predict_job, rank_ops
+from planner.pace import DEFAULT_MARGINS, paced_durations
 from planner.plan import Migration, Plan
 from planner.problem import PlanProblem
 from planner.simulate import SimResult, simulate
 
-__all__ = ["RankPlan", "build_plan", "plan_rank", "settle_urgency", "summarize"]
+__all__ = ["RankPlan", "build_plan", "job_summary", "plan_rank", "settle_urgency", "summarize"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,15 +31,24 @@ class RankPlan:
 
 
 def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
-                   capacity_bytes: float, max_rounds: int = 4) -> tuple[tuple[Move, ...], SimResult]:
+                   capacity_bytes: float, max_rounds: int = 4, *, copy_cost_s_per_byte: float = 0.0,
+                   op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0) -> tuple[tuple[Move, ...], SimResult]:
     """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
 
     Urgent transfers are served first, which can make other ones late; after
     ``max_rounds`` the last simulation stands and what it waited on is marked
     too, so every transfer an op waits on in the returned simulation is urgent.
+    ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte``: NOTE [ Copies on the
+    compute ] in ``planner.simulate``.
     """
+
+    def sim_of(moves: tuple[Move, ...]) -> SimResult:
+        return simulate(problem, moves, bw_bytes_per_s, capacity_bytes,
+                        copy_cost_s_per_byte=copy_cost_s_per_byte, op_overhead_s=op_overhead_s,
+                        refault_s_per_byte=refault_s_per_byte)
+
     current = tuple(moves)
-    sim = simulate(problem, current, bw_bytes_per_s, capacity_bytes)
+    sim = sim_of(current)
     for round_ in range(max_rounds + 1):
         marked = tuple(
             mv.with_urgency(i in sim.waited_offloads, i in sim.waited_prefetches)
@@ -46,14 +58,40 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
             break
         current = marked
         if round_ < max_rounds:
-            sim = simulate(problem, current, bw_bytes_per_s, capacity_bytes)
+            sim = sim_of(current)
     return current, sim
 
 
-def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = None) -> RankPlan:
-    """Plan one rank (``plan_greedy``, which reports to ``progress`` on long work) and simulate the plan."""
-    planned = plan_greedy(problem, hw, progress=progress)
-    moves, sim = settle_urgency(problem, planned, hw.channel_bw(), hw.gpu_mem_bytes)
+def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = None,
+              margins: Sequence[float] = DEFAULT_MARGINS) -> RankPlan:
+    """Plan one rank and simulate the plan: ``plan_greedy`` (which reports to ``progress`` on long
+    work) on the ops' own clock and, when some window's transfers need more time than its ops take,
+    on the clock paced by each of ``margins`` (NOTE [ Paced clock ] in ``planner.pace``). Each plan
+    is simulated once; the one that fits and runs fastest gets its urgent transfers marked
+    (``settle_urgency``)."""
+    bound = iteration_bound(problem, hw)
+    clocks: list[tuple[str, np.ndarray]] = [("the ops' own clock", problem.duration_us)]
+    for margin in margins:
+        paced = paced_durations(problem, bound, margin)
+        if paced is not None:
+            clocks.append((f"the paced clock, margin {margin:g}", paced))
+    bw = hw.channel_bw()
+    best: tuple[tuple[bool, float], list[Move]] | None = None
+    for i, (name, durations) in enumerate(clocks):
+        if progress is not None and len(clocks) > 1:
+            progress(f"planning on {name} ({i + 1} of {len(clocks)})")
+        planned = plan_greedy(replace(problem, duration_us=durations), hw, progress=progress)
+        if len(clocks) == 1:
+            best = ((True, 0.0), planned)
+            break
+        sim = simulate(problem, planned, bw, hw.gpu_mem_bytes, copy_cost_s_per_byte=hw.copy_cost_s_per_byte,
+                       op_overhead_s=hw.op_overhead_s, refault_s_per_byte=hw.refault_s_per_byte)
+        score = (sim.fits, -sim.iteration_us)
+        if best is None or score > best[0]:
+            best = (score, planned)
+    assert best is not None  # the ops' own clock is always tried
+    moves, sim = settle_urgency(problem, best[1], bw, hw.gpu_mem_bytes, copy_cost_s_per_byte=hw.copy_cost_s_per_byte,
+                                op_overhead_s=hw.op_overhead_s, refault_s_per_byte=hw.refault_s_per_byte)
     return RankPlan(problem, moves, sim)
 
 
@@ -64,6 +102,7 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
     for mv in moves:
         to[mv.target] += mv.size_bytes
     util = sim.utilisation(hw.channel_bw())
+    bound = iteration_bound(p, hw)
     return {
         "num_ops": p.num_ops,
         "num_inactive_periods": p.num_periods,
@@ -74,7 +113,16 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
         "ideal_iteration_us": sim.ideal_iteration_us,
         "predicted_iteration_us": sim.iteration_us,
         "slowdown": sim.slowdown,
+        # NOTE [ Transfer bound ] in planner.bound: no plan that fits is faster than bound_us.
+        "bound_us": bound.iteration_us,
+        "bound_peak_us": bound.peak_us,
+        "bound_phases_us": bound.phases_us,
+        "bound_ratio": sim.iteration_us / bound.iteration_us if bound.iteration_us > 0 else 1.0,
         "stall_us": sim.stall_us,
+        # NOTE [ Copies on the compute ]: what the ops took beyond their profiled time
+        "copy_charge_us": sim.copy_charge_us,
+        "op_overhead_us": sim.op_overhead_us,
+        "refault_us": sim.refault_us,
         "num_stalled_ops": sim.num_stalls,
         "num_migrations": sum(1 + mv.reads_back for mv in moves),
         "num_offload_only": sum(not mv.reads_back for mv in moves),
@@ -83,6 +131,22 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
         "bytes_to_host": to["host"],
         "host_peak_bytes": sim.host_peak_bytes,
         "bandwidth_utilisation": util,
+    }
+
+
+def job_summary(rank_plans: Mapping[int, RankPlan]) -> dict[str, Any]:
+    """The job's keys of a plan summary, from all ranks' simulations together (``planner.job``):
+    ``job_iteration_us`` (stalls included), ``job_ideal_iteration_us`` (none), ``job_slowdown``,
+    ``critical_rank`` and ``critical_us_by_rank``. Raises ``JobGraphError`` when the ranks'
+    communication does not fit together."""
+    job = predict_job({r: rank_ops(rp.problem, rp.sim) for r, rp in rank_plans.items()})
+    ideal = predict_job({r: rank_ops(rp.problem) for r, rp in rank_plans.items()})
+    return {
+        "job_iteration_us": job.iteration_us,
+        "job_ideal_iteration_us": ideal.iteration_us,
+        "job_slowdown": job.iteration_us / ideal.iteration_us if ideal.iteration_us else 1.0,
+        "critical_rank": job.critical_rank,
+        "critical_us_by_rank": {str(r): us for r, us in job.critical_us_by_rank.items()},
     }
 
 
@@ -126,10 +190,14 @@ def migrations_of(rank_plan: RankPlan) -> list[Migration]:
 def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
                comparison: dict[str, Any] | None = None,
                extra_parameters: dict[str, Any] | None = None, first: Plan | None = None,
-               carried_into_next: dict[int, dict[int, int]] | None = None) -> Plan:
-    """The plan.json model of ``rank_plans``; ``summary`` is the slowest rank's. ``first`` is
-    iteration 0's plan, ``carried_into_next`` its map of the storages it hands on (NOTE [ The
-    first iteration's plan ] in ``planner.plan``)."""
+               carried_into_next: dict[int, dict[int, int]] | None = None, *,
+               job: Mapping[str, Any] | None = None, world_size: int | None = None,
+               signatures: Mapping[int, str] | None = None) -> Plan:
+    """The plan.json model of ``rank_plans``; ``summary`` is the slowest rank's, with ``job``'s
+    keys (``job_summary``) when given. ``first`` is iteration 0's plan, ``carried_into_next`` its
+    map of the storages it hands on (NOTE [ The first iteration's plan ] in ``planner.plan``);
+    ``world_size`` and ``signatures`` (rank -> profile signature) say which job the plan is for
+    (NOTE [ Plans of a job ])."""
     by_rank = {r: summarize(rp, hw) for r, rp in rank_plans.items()}
     worst = max(by_rank, key=lambda r: by_rank[r]["predicted_iteration_us"])
     parameters = {
@@ -139,12 +207,16 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
         "ssd_write_bw_bytes_per_s": hw.ssd_write_bw_bytes_per_s,
         "host_bw_bytes_per_s": hw.host_bw_bytes_per_s,
         "host_mem_bytes": hw.host_mem_bytes,
+        "copy_cost_s_per_byte": hw.copy_cost_s_per_byte,
+        "op_overhead_s": hw.op_overhead_s,
+        "refault_s_per_byte": hw.refault_s_per_byte,
         **(extra_parameters or {}),
     }
     return Plan(
-        signature=signature, parameters=parameters, summary={"rank": worst, **by_rank[worst]},
+        signature=signature, parameters=parameters, summary={"rank": worst, **by_rank[worst], **(job or {})},
         migrations={r: migrations_of(rp) for r, rp in rank_plans.items()},
         op_names={r: list(rp.problem.op_names) for r, rp in rank_plans.items()},
         summary_by_rank=by_rank, comparison=comparison or {}, first=first,
-        carried_into_next=carried_into_next or {},
+        carried_into_next=carried_into_next or {}, world_size=world_size,
+        signatures=dict(signatures or {}),
     )

@@ -3,6 +3,13 @@
 Every key, unit and meaning is written down in ``docs/formats.md``; the
 planner writes this model and the runtime reads it (``load_plan``).
 
+NOTE [ Plans of a job ]: a plan made from a profile of several ranks holds a
+section per rank, the job's ``world_size`` and each rank's profile signature
+(``signatures``). Every rank of a job runs the section of its own rank in the
+plan of that same job, or the job stops with one error: ``check_rank`` is the
+check a rank makes before it follows the plan. Both keys are optional (a plan
+made before them reads as one of ``len(ranks)`` ranks, signatures unknown).
+
 A plan holds, per rank, the migrations sorted by ``trigger_op`` (then
 priority). Each migration is a dict:
 
@@ -73,7 +80,7 @@ from typing import Any
 
 from planner.errors import PlanFormatError
 
-__all__ = ["FORMAT", "Migration", "Plan", "load_plan", "save_plan"]
+__all__ = ["FORMAT", "Migration", "Plan", "check_rank", "load_plan", "save_plan", "signatures_of"]
 
 FORMAT = "teraio-plan/2"
 _OLDER = ("teraio-plan/1",)
@@ -155,6 +162,14 @@ class Plan:
     comparison: dict[str, Any] = field(default_factory=dict)
     first: Plan | None = None  # NOTE [ The first iteration's plan ]
     carried_into_next: dict[int, dict[int, int]] = field(default_factory=dict)  # in ``first`` only
+    world_size: int | None = None  # NOTE [ Plans of a job ]; None: the plan does not say
+    signatures: dict[int, str] = field(default_factory=dict)  # rank -> its profile's signature
+
+    @property
+    def job_size(self) -> int:
+        """The number of ranks of the job this plan is for: ``world_size``, or for a plan that does
+        not say, the ranks it has sections for."""
+        return self.world_size if self.world_size is not None else len(self.migrations)
 
     def num_ops(self, rank: int) -> int | None:
         names = self.op_names.get(rank)
@@ -207,6 +222,10 @@ class Plan:
             "op_names": {str(r): n for r, n in self.op_names.items()},
             "ranks": {str(r): [m.to_dict() for m in ms] for r, ms in self.migrations.items()},
         }
+        if self.world_size is not None:
+            doc["world_size"] = self.world_size
+        if self.signatures:
+            doc["signatures"] = {str(r): s for r, s in sorted(self.signatures.items())}
         if self.carried_into_next:
             doc["carried_into_next"] = {str(r): {str(k): v for k, v in m.items()}
                                         for r, m in self.carried_into_next.items()}
@@ -247,9 +266,35 @@ class Plan:
                 first=None if first is None else cls.from_json(first, f"{source}, first_iteration"),
                 carried_into_next={int(r): {int(k): int(v) for k, v in m.items()}
                                    for r, m in doc.get("carried_into_next", {}).items()},
+                world_size=None if doc.get("world_size") is None else int(doc["world_size"]),
+                signatures={int(r): str(sig) for r, sig in doc.get("signatures", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanFormatError(source, f"malformed plan: {_why(exc)}") from None
+
+
+def signatures_of(meta: dict[str, Any]) -> dict[int, str]:
+    """Each rank's signature from a profile's ``meta.json`` dict: its ``signatures`` (rank -> sha),
+    or for a profile without them, ``signature`` as the lowest rank's (``ranks``, else 0)."""
+    if meta.get("signatures"):
+        return {int(r): str(sig) for r, sig in meta["signatures"].items()}
+    if meta.get("signature") is None:
+        return {}
+    return {min((int(r) for r in meta.get("ranks") or [0]), default=0): str(meta["signature"])}
+
+
+def check_rank(plan: Plan, rank: int, world_size: int, source: object = "plan") -> None:
+    """Refuse, with one ``PlanFormatError``, to run rank ``rank`` of a job of ``world_size`` ranks
+    with ``plan`` unless the plan was made for a job of that size and has a section for that
+    rank (NOTE [ Plans of a job ])."""
+    again = f"profile this job (`teraio profile --nproc {world_size}`) and plan again"
+    if plan.job_size != world_size:
+        ranks = "rank" if plan.job_size == 1 else "ranks"
+        raise PlanFormatError(source, f"this plan was made for a job of {plan.job_size} {ranks}; this job has "
+                                      f"{world_size}: {again}")
+    if rank not in plan.migrations:
+        raise PlanFormatError(source, f"this plan has no section for rank {rank} (it has ranks "
+                                      f"{sorted(plan.migrations)} of {plan.job_size}): {again}")
 
 
 def _why(exc: BaseException) -> str:

@@ -60,6 +60,9 @@ class PlanProblem:
     reads_back: np.ndarray
     # tensor id -> name (parameter, gradient, optimizer state) for the named tensors moved
     names: dict[int, str] = field(default_factory=dict)
+    # (num_ops,) int32: the other rank of a point-to-point op (c10d send: its destination,
+    # recv: its source), -1 for every other op (kernels.peer); None: none known, all -1.
+    peer: np.ndarray | None = None
 
     @property
     def num_ops(self) -> int:
@@ -108,6 +111,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
         end_op=periods["end_op"].to_numpy(np.int64),
         reads_back=periods["reads_back"].to_numpy(bool),
         names=dict(zip(named["tensor_id"].astype(int), named["name"].astype(str), strict=True)),
+        peer=kernels["peer"].to_numpy(np.int32) if "peer" in kernels else None,
     )
 
 

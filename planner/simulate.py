@@ -21,6 +21,8 @@ in ``planner.problem``) is never prefetched: at its ``end_op`` the storage
 dies, the memory curve no longer counts it, and its offloaded copy (host
 buffer included) is dropped; an offload still in flight then is cancelled.
 
+On a CPU the cores that train also copy: NOTE [ Copies on the compute ].
+
 The plan repeats every iteration; ``num_iterations`` consecutive iterations
 are simulated from a state where everything is resident, and the last one is
 reported (the steady state, with the previous iteration's wrap-around
@@ -39,6 +41,24 @@ from planner.greedy import Move
 from planner.problem import PlanProblem
 
 __all__ = ["SimResult", "simulate"]
+
+# NOTE [ Copies on the compute ]: on a GPU, transfers run on copy engines beside
+# the kernels, and an op takes its profiled time whatever moves meanwhile. On a
+# CPU the cores that train also copy: the workers' copies through the staging
+# buffers, the syscalls, the page faults of a storage given its bytes back, the
+# compute threads they push aside. There every byte a channel moves while an op
+# runs costs the compute ``copy_cost_s_per_byte`` (a figure measured on the
+# machine, ``planner.hardware``), added to the op that runs next (so the cost
+# lands within an op of where it was paid, and the channels go on moving bytes
+# meanwhile, which cost in turn); a byte moved during a stall costs nothing, as
+# the training thread only waits then. Every op also takes ``op_overhead_s``
+# more: the runtime's dispatch mode, which the profiled op times leave out. And
+# at each iteration boundary the runtime gives the memory freed back to the OS
+# (NOTE [ malloc on CPU ] in runtime/memory.py), which the next iteration faults
+# in again up to its peak: ``refault_s_per_byte`` times the previous
+# iteration's resident peak over what is resident when the iteration starts,
+# added to its first op. All three are 0 for a GPU, where the prediction is the
+# profiled ops and the stalls alone.
 
 _CHANNELS = ("ssd_write", "ssd_read", "host_write", "host_read")
 _TOL = 1e-6  # bytes
@@ -67,6 +87,11 @@ class SimResult:
     # they are triggered in (the steady-state occurrence); NaN when it did not run.
     offload_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     prefetch_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    # time the ops took beyond their profiled time (NOTE [ Copies on the compute ]): the
+    # copies' cost, the runtime's per-op overhead, the boundary's faults
+    copy_charge_us: float = 0.0
+    op_overhead_us: float = 0.0
+    refault_us: float = 0.0
 
     @property
     def peak_bytes(self) -> int:
@@ -88,7 +113,8 @@ class SimResult:
 
 class _Sim:
     def __init__(self, problem: PlanProblem, moves: Sequence[Move], bw: dict[str, float],
-                 capacity_bytes: float, num_iterations: int) -> None:
+                 capacity_bytes: float, num_iterations: int, copy_cost_s_per_byte: float = 0.0,
+                 op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0) -> None:
         self.p = problem
         self.moves = moves
         self.cap = capacity_bytes
@@ -120,6 +146,14 @@ class _Sim:
         self.busy = dict.fromkeys(_CHANNELS, 0.0)
         self.waited_off: set[int] = set()
         self.waited_pre: set[int] = set()
+        # NOTE [ Copies on the compute ]
+        self.copy_us_per_byte = copy_cost_s_per_byte * 1e6
+        self.op_overhead_us = op_overhead_s * 1e6
+        self.computing = False  # an op runs: bytes moved now cost the compute
+        self.debt_us = 0.0  # the copy cost not yet added to an op
+        self.charged_us = 0.0  # copy cost added to the ops of the measured iteration
+        self.refault_us_per_byte = refault_s_per_byte * 1e6
+        self.refault_us = 0.0  # added to the measured iteration's first op
 
     # ---- channels ----------------------------------------------------------------------
     def _advance(self, dt: float) -> None:
@@ -150,7 +184,19 @@ class _Sim:
             if self.measuring:
                 self.moved[c] += used
                 self.busy[c] += used / bw
+            if self.computing:
+                self.debt_us += used * self.copy_us_per_byte
         self.now += dt
+
+    def _compute(self, duration_us: float) -> None:
+        """Run one op: its profiled time, the runtime's per-op overhead and the copy cost
+        owed so far (NOTE [ Copies on the compute ])."""
+        extra, self.debt_us = self.op_overhead_us + self.debt_us, 0.0
+        if self.measuring:
+            self.charged_us += extra - self.op_overhead_us
+        self.computing = self.copy_us_per_byte > 0
+        self._advance(duration_us + extra)
+        self.computing = False
 
     def _complete(self, tid: int, t: float) -> None:
         self.t_end[tid] = t
@@ -259,12 +305,21 @@ class _Sim:
         stall = np.zeros(n)
         resident = np.zeros(n, np.int64)
         t_iter = 0.0
+        # NOTE [ Copies on the compute ]: the resident peak of the iteration before
+        peak_before = float(max(mem)) if n else 0.0
+        peak = 0.0
         for g in range(n * self.iters):
             k = g % n
+            boundary_us = 0.0
             if k == 0:
                 t_iter = self.now
                 self.measuring = g == n * (self.iters - 1)
                 self.host_peak = self.host_used
+                if g:
+                    peak_before, peak = peak, 0.0
+                boundary_us = max(peak_before - (mem[0] - self.offloaded), 0.0) * self.refault_us_per_byte
+                if self.measuring:
+                    self.refault_us = boundary_us
             for inst in starts_off[g]:
                 self._start_offload(inst)
             for inst in starts_pre[g]:
@@ -292,11 +347,12 @@ class _Sim:
                 waited += dt
                 if self.measuring:
                     self.waited_off.add((tid // 2) % self.nm)
+            peak = max(peak, mem[k] - self.offloaded)
             if self.measuring:
                 stall[k] = waited
                 op_start[k] = self.now - t_iter
                 resident[k] = int(round(mem[k] - self.offloaded))
-            self._advance(dur[k])
+            self._compute(dur[k] + boundary_us)
         iteration_us = self.now - t_iter
         return SimResult(
             iteration_us=iteration_us, ideal_iteration_us=p.ideal_iteration_us,
@@ -306,6 +362,7 @@ class _Sim:
             bytes_moved=dict(self.moved), busy_us=dict(self.busy),
             waited_offloads=frozenset(self.waited_off), waited_prefetches=frozenset(self.waited_pre),
             offload_us=self._times(0, t_iter), prefetch_us=self._times(1, t_iter),
+            copy_charge_us=self.charged_us, op_overhead_us=self.op_overhead_us * n, refault_us=self.refault_us,
         )
 
     def _times(self, action: int, t_iter: float) -> np.ndarray:
@@ -324,12 +381,18 @@ class _Sim:
 
 
 def simulate(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
-             capacity_bytes: float, num_iterations: int = 2) -> SimResult:
+             capacity_bytes: float, num_iterations: int = 2, *, copy_cost_s_per_byte: float = 0.0,
+             op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0) -> SimResult:
     """Simulate ``moves`` on ``problem``'s ops; see the module docstring for the model.
 
     ``bw_bytes_per_s`` has the channels ``ssd_write, ssd_read, host_write,
     host_read``; ``capacity_bytes`` may be ``inf`` (nothing waits for memory).
+    ``copy_cost_s_per_byte``, ``op_overhead_s`` and ``refault_s_per_byte``: NOTE [ Copies
+    on the compute ] (``Hardware``'s fields of those names; 0 for a GPU).
     """
     if num_iterations < 1:
         raise ValueError("num_iterations must be at least 1")
-    return _Sim(problem, moves, bw_bytes_per_s, capacity_bytes, num_iterations).run()
+    if min(copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte) < 0:
+        raise ValueError("copy_cost_s_per_byte, op_overhead_s and refault_s_per_byte must be >= 0")
+    return _Sim(problem, moves, bw_bytes_per_s, capacity_bytes, num_iterations,
+                copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte).run()

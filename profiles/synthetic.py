@@ -32,7 +32,7 @@ import pandas as pd
 
 from profiles.model import Profile
 
-__all__ = ["synthetic_profile"]
+__all__ = ["synthetic_pipeline_profile", "synthetic_profile"]
 
 
 def synthetic_profile(
@@ -158,4 +158,169 @@ def synthetic_profile(
         "iterations": [1], "signature": signature,
         "synthetic": {"num_layers": L, "ops_per_layer": F, "params_per_layer": P, "seed": seed},
     }
+    return Profile(meta=meta, kernels=kernels, tensors=tensors, accesses=accesses)
+
+
+
+class _Stage:
+    """One pipeline rank's iteration, built op by op (``synthetic_pipeline_profile``)."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, str, float, int]] = []  # (op_name, phase, duration_us, peer)
+        self.accesses: list[tuple[int, int, str]] = []  # (op_index, tensor_id, access)
+        self.rows: dict[int, list] = {}  # tensor id -> [size_bytes, kind, name, alloc_op, free_op]
+
+    def tensor(self, size: int, kind: str, name: str | None = None, persistent: bool = False) -> int:
+        """A new storage: alive all iteration if ``persistent``, else from the next op on."""
+        tid = len(self.rows)
+        self.rows[tid] = [size, kind, name, -1 if persistent else len(self.ops), -1]
+        return tid
+
+    def op(self, name: str, phase: str, duration_us: float, reads: tuple[int, ...] = (),
+           writes: tuple[int, ...] = (), peer: int = -1) -> None:
+        k = len(self.ops)
+        self.accesses += [(k, t, "read") for t in reads] + [(k, t, "write") for t in writes]
+        self.ops.append((name, phase, duration_us, peer))
+
+    def free(self, tid: int) -> None:
+        """``tid`` dies after the last op added."""
+        self.rows[tid][4] = len(self.ops)
+
+    def tables(self, rank: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, str]:
+        names, phases, durations, peers = zip(*self.ops, strict=True)
+        n, ids = len(self.ops), list(self.rows)
+        kernels = pd.DataFrame({
+            "rank": np.full(n, rank, np.int32), "iteration": np.ones(n, np.int32),
+            "op_index": np.arange(n, dtype=np.int32), "op_name": list(names), "phase": list(phases),
+            "module": [None if ph == "optimizer" else f"stages.{rank}" for ph in phases],
+            "start_us": np.concatenate([[0.0], np.cumsum(durations)[:-1]]), "duration_us": np.array(durations),
+            "peer": np.array(peers, np.int32),
+        })
+        size, kind, tname, alloc, free = (list(col) for col in zip(*self.rows.values(), strict=True))
+        tensors = pd.DataFrame({
+            "rank": np.full(len(ids), rank, np.int32), "tensor_id": np.array(ids, np.int64),
+            "size_bytes": np.array(size, np.int64), "kind": kind, "dtype": "float32", "name": tname,
+            "persistent": [a < 0 and f < 0 for a, f in zip(alloc, free, strict=True)],
+            "alloc_op": np.array(alloc, np.int32), "free_op": np.array(free, np.int32), "resizable": True,
+        })
+        op_index, tid, access = zip(*self.accesses, strict=True)
+        accesses = pd.DataFrame({
+            "rank": np.full(len(op_index), rank, np.int32), "iteration": np.ones(len(op_index), np.int32),
+            "op_index": np.array(op_index, np.int32), "tensor_id": np.array(tid, np.int64),
+            "access": list(access),
+        })
+        signature = hashlib.sha256("\n".join(names).encode() + np.array(size, np.int64).tobytes()).hexdigest()
+        return kernels, tensors, accesses, signature
+
+
+def _schedule(schedule: str, stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """The stage's (F|B, micro-batch) actions in order."""
+    M = num_microbatches  # noqa: N806
+    if schedule == "gpipe":
+        return [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
+    warm = min(num_stages - 1 - stage, M)
+    actions = [("F", m) for m in range(warm)]
+    for i in range(M - warm):
+        actions += [("F", warm + i), ("B", i)]
+    return actions + [("B", m) for m in range(M - warm, M)]
+
+
+def synthetic_pipeline_profile(
+    num_stages: int = 2,
+    num_microbatches: int = 4,
+    ops_per_stage: int = 4,
+    params_per_stage: int = 2,
+    *,
+    schedule: str = "1f1b",
+    activation_bytes: int = 16 << 20,
+    param_bytes: int = 8 << 20,
+    op_us: float = 200.0,
+    transfer_us: float = 20.0,
+    jitter: float = 0.5,
+    seed: int = 0,
+) -> Profile:
+    """A job profile of a pipeline: one rank per stage, with ``c10d.send``/``c10d.recv_`` ops
+    whose ``peer`` is the neighbouring stage (iteration 1 of every rank).
+
+    Stage ``s`` runs ``ops_per_stage`` forward ops per micro-batch, each reading one of its
+    parameters and the previous op's output (the first: the activation received from stage
+    ``s - 1`` into a receive buffer, or on stage 0 the micro-batch's input) and saving its own
+    output (an activation, alive until its backward op); the last forward op's output is sent
+    to stage ``s + 1``. Backward, per micro-batch: receive the output's gradient (but on the
+    last stage), one backward op per forward op in reverse (reads its activation, its
+    parameter and the gradient flowing back; accumulates the parameter's gradient), send the
+    input's gradient to ``s - 1``; then one optimizer op per parameter. Receive buffers are
+    persistent (allocated once and reused every step, as ``torch.distributed.pipelining``
+    does). ``schedule`` orders the micro-batches: ``gpipe`` (all forwards, then all
+    backwards) or ``1f1b`` (``num_stages - 1 - s`` forwards first, then one forward and one
+    backward in turn), which holds fewer activations on later stages. Forward ops take
+    ``op_us`` (times a random factor in ``[1 - jitter, 1 + jitter]``), backward ops twice
+    their forward op, sends and receives ``transfer_us``; each rank's ops run back to back
+    (``start_us``), as if no rank ever waited for another.
+    """
+    if num_stages < 1 or num_microbatches < 1 or not 1 <= params_per_stage <= ops_per_stage:
+        raise ValueError("need num_stages >= 1, num_microbatches >= 1 and 1 <= params_per_stage <= ops_per_stage")
+    if schedule not in ("gpipe", "1f1b"):
+        raise ValueError(f"schedule {schedule!r}: expected gpipe or 1f1b")
+    rng = np.random.default_rng(seed)
+    S, M, F, P = num_stages, num_microbatches, ops_per_stage, params_per_stage  # noqa: N806
+    act_bytes = max(int(activation_bytes), 1)
+    parts, signatures = [], {}
+    for s in range(S):
+        st = _Stage()
+        fwd_us = op_us * rng.uniform(1 - jitter, 1 + jitter, (M, F))
+        sizes = np.maximum((param_bytes * rng.uniform(1 - jitter, 1 + jitter, P)).astype(np.int64), 1)
+        param, grad, exp_avg, exp_avg_sq = (
+            [st.tensor(int(sizes[p]), kind, f"stages.{s}.w{p}{label}", persistent=True) for p in range(P)]
+            for kind, label in (("param", ""), ("grad", ".grad"), ("optimizer_state", ".exp_avg"),
+                                ("optimizer_state", ".exp_avg_sq")))
+        recv_act = [st.tensor(act_bytes, "buffer", persistent=True) for _ in range(M)] if s > 0 else []
+        recv_grad = [st.tensor(act_bytes, "buffer", persistent=True) for _ in range(M)] if s < S - 1 else []
+        act: dict[tuple[int, int], int] = {}
+        for phase, m in _schedule(schedule, s, S, M):
+            if phase == "F":
+                if s > 0:
+                    st.op("c10d.recv_.default", "forward", transfer_us, writes=(recv_act[m],), peer=s - 1)
+                    src = recv_act[m]
+                else:
+                    src = st.tensor(act_bytes, "input")
+                for j in range(F):
+                    act[(m, j)] = st.tensor(act_bytes, "activation")
+                    st.op("aten.mm.default", "forward", float(fwd_us[m, j]), reads=(param[j % P], src),
+                          writes=(act[(m, j)],))
+                    if s == 0 and j == 0:
+                        st.free(src)
+                    src = act[(m, j)]
+                if s < S - 1:
+                    st.op("c10d.send.default", "forward", transfer_us, reads=(src,), peer=s + 1)
+                continue
+            if s < S - 1:
+                st.op("c10d.recv_.default", "backward", transfer_us, writes=(recv_grad[m],), peer=s + 1)
+                grad_in = recv_grad[m]
+            else:
+                grad_in = act[(m, F - 1)]
+            for j in reversed(range(F)):
+                grad_out = st.tensor(act_bytes, "temporary")
+                st.op("aten.mm.default", "backward", 2 * float(fwd_us[m, j]),
+                      reads=(act[(m, j)], param[j % P], grad_in), writes=(grad[j % P], grad_out))
+                st.free(act[(m, j)])
+                if st.rows[grad_in][1] == "temporary":
+                    st.free(grad_in)
+                grad_in = grad_out
+            if s > 0:
+                st.op("c10d.send.default", "backward", transfer_us, reads=(grad_in,), peer=s - 1)
+            st.free(grad_in)
+        for p in range(P):
+            st.op("aten._foreach_add_.List", "optimizer", 4 * float(sizes[p]) / 2e12 * 1e6,
+                  reads=(grad[p],), writes=(param[p], exp_avg[p], exp_avg_sq[p]))
+        *tables, signatures[str(s)] = st.tables(s)
+        parts.append(tables)
+    meta = {
+        "format": "teraio-profile/2", "mode": "synthetic", "device_type": "synthetic",
+        "device_name": "synthetic", "device_memory_bytes": None, "world_size": S, "ranks": list(range(S)),
+        "iterations": [1], "signature": signatures["0"], "signatures": signatures,
+        "synthetic": {"pipeline": schedule, "num_stages": S, "num_microbatches": M, "ops_per_stage": F,
+                      "params_per_stage": P, "seed": seed},
+    }
+    kernels, tensors, accesses = (pd.concat(list(col), ignore_index=True) for col in zip(*parts, strict=True))
     return Profile(meta=meta, kernels=kernels, tensors=tensors, accesses=accesses)

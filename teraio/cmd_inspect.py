@@ -11,7 +11,7 @@ import typer
 
 from teraio.console import fail, info
 
-__all__ = ["bandwidth_for", "characterize", "inspect", "roofline_rows", "summarize"]
+__all__ = ["bandwidth_for", "characterize", "inspect", "roofline_rows", "summarize", "summarize_ranks"]
 
 # Size classes of the inactive-period distribution (the Teraio paper's Figure 2 uses 10 MB-1 GB).
 _SIZE_BINS = [0, 1 << 20, 10 << 20, 100 << 20, 1 << 30, 1 << 62]
@@ -91,6 +91,68 @@ def summarize(profile: Any, rank: int = 0) -> dict[str, Any]:
         "largest_tensors": top,
         **characterize(profile, rank, capacity),
     }
+
+
+def summarize_ranks(profile: Any) -> dict[str, Any]:
+    """What `teraio inspect` shows of a job profile's ranks side by side, as plain data.
+
+    Per rank: ops, measured iteration time, time in ops, peak memory and how far it is above
+    the smallest rank's peak. ``pipeline`` (ranks that send to and receive from each other):
+    the memory imbalance across its stages, the largest peak over the smallest. ``job``: the
+    job's iteration from all ranks' ops together, nothing offloaded (``planner.job``: the
+    waits for peers come from the graph), against the slowest rank's measured iteration; or
+    ``error`` when the ranks' communication does not fit together.
+    """
+    from planner.errors import JobGraphError
+    from planner.job import RECV, SEND, predict_job, rank_ops_from_kernels
+    from profiles import iteration_time_us, memory_curve
+
+    rows, ops = [], {}
+    for r in profile.ranks:
+        kernels = profile.kernels_of(r)
+        mem = memory_curve(profile, r)
+        ops[r] = rank_ops_from_kernels(r, kernels)
+        rows.append({
+            "rank": r, "num_ops": len(kernels), "iteration_time_us": iteration_time_us(profile, r),
+            "op_time_us": float(kernels["duration_us"].sum()), "peak_bytes": int(mem.max()) if len(mem) else 0,
+            "num_sends": int((kernels["op_name"] == SEND).sum()), "num_recvs": int((kernels["op_name"] == RECV).sum()),
+        })
+    least = min(rows, key=lambda row: (row["peak_bytes"], row["rank"]))
+    most = max(rows, key=lambda row: (row["peak_bytes"], -row["rank"]))
+    for row in rows:
+        row["peak_over_least_bytes"] = row["peak_bytes"] - least["peak_bytes"]
+    pipeline = None
+    if any(row["num_sends"] or row["num_recvs"] for row in rows):
+        pipeline = {"peak_ratio": most["peak_bytes"] / least["peak_bytes"] if least["peak_bytes"] else None,
+                    "most_rank": most["rank"], "least_rank": least["rank"]}
+    job: dict[str, Any] = {"measured_iteration_us": max(row["iteration_time_us"] for row in rows)}
+    try:
+        prediction = predict_job(ops, include_stalls=False)
+        job.update(iteration_us=prediction.iteration_us, critical_rank=prediction.critical_rank)
+    except JobGraphError as exc:
+        job["error"] = str(exc)
+    return {"world_size": profile.meta.get("world_size"), "ranks": rows, "pipeline": pipeline, "job": job}
+
+
+def _print_ranks(j: dict[str, Any]) -> None:
+    print(f"ranks          {len(j['ranks'])} of a job of {j['world_size']}")
+    print(f"  {'rank':>4} {'ops':>8} {'iteration':>12} {'in ops':>12} {'peak':>14} {'over least':>14}")
+    for row in j["ranks"]:
+        print(f"  {row['rank']:>4} {row['num_ops']:>8,} {row['iteration_time_us'] / 1e3:>9,.2f} ms "
+              f"{row['op_time_us'] / 1e3:>9,.2f} ms {_mib(row['peak_bytes']):>14} "
+              f"{_mib(row['peak_over_least_bytes']):>14}")
+    p = j["pipeline"]
+    if p is not None:
+        ratio = "unbounded" if p["peak_ratio"] is None else f"{p['peak_ratio']:.2f}x"
+        print(f"pipeline       stages' peak memory imbalance {ratio} (largest rank {p['most_rank']} over "
+              f"smallest rank {p['least_rank']})")
+    job = j["job"]
+    if "error" in job:
+        print(f"job            not predicted: {job['error']}")
+    else:
+        print(f"job            {job['iteration_us'] / 1e3:,.2f} ms per iteration from all ranks' ops together "
+              f"(nothing offloaded; critical rank {job['critical_rank']}); slowest rank measured "
+              f"{job['measured_iteration_us'] / 1e3:,.2f} ms")
 
 
 def characterize(profile: Any, rank: int = 0, capacity_bytes: int | None = None) -> dict[str, Any]:
@@ -226,7 +288,9 @@ def inspect(
     """Summarise a profile: time, peak memory and its make-up, active bytes, idle periods, and
     the Teraio paper's characterization (Figure 1: active bytes against device capacity;
     Figure 2: inactive periods by tensor size; Figure 3 with --roofline or --plot: predicted
-    throughput against SSD bandwidth). Exit codes: 0 done, 2 bad input."""
+    throughput against SSD bandwidth). For a profile of several ranks, also each rank's ops,
+    time and peak, a pipeline's memory imbalance across its stages, and the job's iteration from
+    all ranks' ops together. Exit codes: 0 done, 2 bad input."""
     from profiles import ProfileFormatError, read_profile
 
     try:
@@ -245,6 +309,8 @@ def inspect(
             fail(f"--gpu-mem: {exc}")
         prof.meta["device_memory_bytes"] = capacity
     s = summarize(prof, rank)
+    if len(prof.ranks) > 1:
+        s["job"] = summarize_ranks(prof)
     if roofline or plot is not None:
         from teraio.units import parse_bandwidth
 
@@ -265,6 +331,8 @@ def inspect(
         print(json.dumps(s, indent=2))
     else:
         _print(s)
+        if "job" in s:
+            _print_ranks(s["job"])
     if plot is not None:
         _plot(prof, rank, s, plot)
 

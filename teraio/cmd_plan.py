@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,7 +11,7 @@ import typer
 
 from teraio.console import fail, info, warn
 
-__all__ = ["hardware_from_options", "load_profile", "plan"]
+__all__ = ["cpu_costs_from_options", "hardware_from_options", "job_keys", "load_profile", "plan"]
 
 _SIZE_HELP = "K/M/G/T are binary (powers of 1024); a plain number is bytes."
 PROFILE_ARG = typer.Argument(
@@ -89,6 +90,44 @@ def _relative_budget(text: str, problems: list[Any]) -> int:
     return int(share * max(int(p.memory_bytes.max()) for p in problems if p.num_ops))
 
 
+def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refault_cost: str,
+                           swap_dir: Path | None = None) -> tuple[dict[str, float], str | None]:
+    """``Hardware``'s costs of the compute (NOTE [ Copies on the compute ] in ``planner.simulate``)
+    from the command-line strings, and how they were had (None: given, or 0).
+
+    ``auto`` measures a figure here (``runtime.calibrate``) for a profile taken on the CPU, where
+    the cores that train also copy, and is 0 for any other profile. Exits 2 naming a bad value.
+    """
+    options = {  # Hardware field: (option, its text, seconds per unit of the option)
+        "copy_cost_s_per_byte": ("--copy-cost", copy_cost, 1e-9),
+        "op_overhead_s": ("--op-overhead", op_overhead, 1e-6),
+        "refault_s_per_byte": ("--refault-cost", refault_cost, 1e-9),
+    }
+    costs: dict[str, float] = {}
+    for field, (option, text, unit) in options.items():
+        if text == "auto":
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            fail(f"{option}: bad value {text!r}: give a number or auto")
+        if not 0 <= value < float("inf"):
+            fail(f"{option}: bad value {text!r}: must be a number >= 0")
+        costs[field] = value * unit
+    if profile.meta.get("device_type") != "cpu" or len(costs) == len(options):
+        return {field: costs.get(field, 0.0) for field in options}, None
+    from runtime import calibrate
+
+    info("measuring what moving tensors costs the compute on this machine (the profile ran on the "
+         "CPU; --copy-cost, --op-overhead and --refault-cost give the figures instead)")
+    measure = {"copy_cost_s_per_byte": lambda: calibrate.measure_copy_cost(swap_dir),
+               "op_overhead_s": calibrate.measure_op_overhead, "refault_s_per_byte": calibrate.measure_refault}
+    for field in options:
+        if field not in costs:
+            costs[field] = measure[field]()
+    return costs, "measured here"
+
+
 def _pct(x: float) -> str:
     return f"{x:.0%}"
 
@@ -107,6 +146,18 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
     print(f"time        {s['predicted_iteration_us'] / 1e3:,.2f} ms per iteration predicted, ideal "
           f"{s['ideal_iteration_us'] / 1e3:,.2f} ms ({s['slowdown']:.3f}x); stalls "
           f"{s['stall_us'] / 1e3:,.2f} ms before {s['num_stalled_ops']:,} ops")
+    if "job_iteration_us" in s:
+        print(f"job         {s['job_iteration_us'] / 1e3:,.2f} ms per iteration predicted for all ranks "
+              f"together, ideal {s['job_ideal_iteration_us'] / 1e3:,.2f} ms ({s['job_slowdown']:.3f}x); "
+              f"critical rank {s['critical_rank']}")
+    if "bound_us" in s:
+        print(f"bound       no plan is faster than {s['bound_us'] / 1e3:,.2f} ms (bytes out at the peak "
+              f"moved once: {s['bound_peak_us'] / 1e3:,.2f} ms; per phase: {s['bound_phases_us'] / 1e3:,.2f} ms); "
+              f"predicted {s['bound_ratio']:.3f}x of it")
+    if s.get("copy_charge_us") or s.get("op_overhead_us") or s.get("refault_us"):
+        print(f"            of which copies on the compute {s['copy_charge_us'] / 1e3:,.2f} ms, the runtime's "
+              f"per-op cost {s['op_overhead_us'] / 1e3:,.2f} ms, faulting memory in again "
+              f"{s['refault_us'] / 1e3:,.2f} ms")
     print(f"moved       {_mib(s['bytes_to_ssd'])} to SSD, {_mib(s['bytes_to_host'])} to host per iteration; "
           f"{s['num_migrations']:,} migrations ({s['num_urgent']:,} urgent)")
     u = s["bandwidth_utilisation"]
@@ -163,6 +214,25 @@ def plan_first(prof: Any, hw: Any) -> Any:
         int(r): {int(steady): int(now) for steady, now in carried.get(str(r), {}).items()} for r in problems})
 
 
+def job_keys(prof: Any, rank_plans: dict[int, Any]) -> dict[str, Any]:
+    """The summary's keys for the job as a whole (``planner.make.job_summary``), or none, with a
+    warning that says why, when the profile lacks ranks of its job or the ranks' sends, receives
+    and collectives do not fit together (the ranks' own plans stand)."""
+    from planner.errors import JobGraphError
+    from planner.make import job_summary
+
+    world = int(prof.meta.get("world_size") or len(prof.ranks))
+    if len(prof.ranks) < world:
+        warn(f"the profile holds ranks {prof.ranks} of a job of {world}: the job's iteration time "
+             "needs every rank, so it is not predicted")
+        return {}
+    try:
+        return job_summary(rank_plans)
+    except JobGraphError as exc:
+        warn(f"the job's iteration time is not predicted: {exc}")
+        return {}
+
+
 def compare_policies(profile: Any, problem: Any, hw: Any, rank_plan: Any, rank: int) -> dict[str, dict[str, Any]]:
     """Planner and baselines side by side, as plain data."""
     from planner.baselines import run_baselines
@@ -204,6 +274,19 @@ def plan(
     bw_needed: Annotated[bool, typer.Option(
         help="Also find the SSD bandwidth that reaches 90% and 95% of ideal throughput (about "
              "16 more plans; see `teraio roofline` for the whole curve).")] = False,
+    copy_cost: Annotated[str, typer.Option(
+        help="Compute time each byte moved takes from the training, in nanoseconds per byte: on a CPU the "
+             "cores that train also copy. auto: measured on this machine (a few seconds; plan on the "
+             "machine that trains) for a profile taken on the CPU, 0 for any other (a GPU copies "
+             "beside the compute).")] = "auto",
+    op_overhead: Annotated[str, typer.Option(
+        help="Time `teraio run` adds to every op, in microseconds (its dispatch mode). auto: measured "
+             "on this machine for a profile taken on the CPU, 0 for any other.")] = "auto",
+    refault_cost: Annotated[str, typer.Option(
+        help="Time to fault memory in again, in nanoseconds per byte: on a CPU `teraio run` gives an "
+             "iteration's freed memory back to the OS at its end, and the next faults it in again up to "
+             "its peak. auto: measured on this machine for a profile taken on the CPU, 0 for any "
+             "other.")] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Plan which tensors go to SSD or host memory and when, and predict the cost.
@@ -216,6 +299,7 @@ def plan(
     """
     from planner import InfeasibleBudgetError, build_plan, plan_rank, problem_from_profile, save_plan
     from planner.operate import DEFAULT_SSD_ENDURANCE_PBW, bandwidth_needed, ssd_wear
+    from planner.plan import signatures_of
 
     if ssd_endurance_pbw is None:
         ssd_endurance_pbw = DEFAULT_SSD_ENDURANCE_PBW
@@ -231,11 +315,12 @@ def plan(
     elif gpu_mem is not None and gpu_mem.strip().endswith("%"):
         info(f"--gpu-mem {gpu_mem.strip()}: planning for {hw.gpu_mem_bytes:,} bytes ({_mib(hw.gpu_mem_bytes)}) "
              "of the profiled peak")
-    if prof.meta.get("device_type") == "cpu":
-        warn("this profile ran on the CPU: there the transfers are copied by the cores that train, "
-             "which the predicted time does not count (measured against 1.00x predicted on a 2-core "
-             "machine: 2.3-2.7x where ops are short, 1.09-1.12x where they are long, BENCHMARKS.md); "
-             "on a GPU the copies run beside the compute")
+    costs, how = cpu_costs_from_options(prof, copy_cost, op_overhead, refault_cost)
+    hw = replace(hw, **costs)
+    if how is not None:
+        info(f"copies cost the compute {hw.copy_cost_s_per_byte * 1e9:.3f} ns per byte moved, the runtime "
+             f"{hw.op_overhead_s * 1e6:.1f} us per op, faulting memory in again {hw.refault_s_per_byte * 1e9:.3f} "
+             f"ns per byte ({how}; NOTE [ Copies on the compute ] in planner/simulate.py)")
     rank_plans = {}
     comparison: dict[str, Any] = {}
     for rank, problem in problems.items():
@@ -247,8 +332,11 @@ def plan(
         if compare and rank == prof.ranks[0]:
             comparison = compare_policies(prof, problem, hw, rank_plans[rank], rank)
     first_plan = plan_first(prof, hw)
+    job = job_keys(prof, rank_plans) if len(rank_plans) > 1 else None
     doc = build_plan(rank_plans, hw, prof.signature, comparison=comparison,
-                     extra_parameters={"profile": str(prof.path)}, first=first_plan)
+                     extra_parameters={"profile": str(prof.path)}, first=first_plan, job=job,
+                     world_size=int(prof.meta.get("world_size") or len(prof.ranks)),
+                     signatures=signatures_of(prof.meta))
     s = doc.summary
     s.update(ssd_wear(s["bytes_to_ssd"], s["predicted_iteration_us"], ssd_endurance_pbw))
     if bw_needed:

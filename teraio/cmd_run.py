@@ -96,7 +96,7 @@ def run(
     if backend not in ("auto", "posix", "host", "kvikio"):
         fail(f"--backend must be auto, posix, host or kvikio, not {backend!r}")
     from planner.errors import PlanFormatError
-    from planner.plan import load_plan
+    from planner.plan import check_rank, load_plan
     from profiles.errors import TeraioError
     from runtime.api import offload, run_report
     from runtime.errors import PlanMismatchError, StorageIOError, SwapKeptError
@@ -113,10 +113,10 @@ def run(
     if nproc is not None:
         _launch_job(nproc, world_size, swap_dir)
         return
-    planned = sorted(run_plan.op_names)
-    if rank not in run_plan.op_names or len(planned) != world_size:
-        fail(f"{plan} was made for a job of {len(planned)} ranks ({planned}); this is rank {rank} of "
-             f"{world_size}: profile this job (`teraio profile --nproc {world_size}`) and plan again")
+    try:
+        check_rank(run_plan, rank, world_size, plan)
+    except PlanFormatError as exc:
+        fail(str(exc))
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:

@@ -167,3 +167,45 @@ def test_plan_refuses_a_nonpositive_endurance(synth: Path) -> None:
                    "--out", synth / "never.json")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--ssd-endurance-pbw" in r.stderr
     assert not (synth / "never.json").exists()
+
+
+def test_copies_on_the_compute_are_zero_off_the_cpu_and_charged_when_given(synth: Path) -> None:
+    """A profile not taken on the CPU predicts without them; given figures are charged."""
+    r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--json",
+                   "--no-compare", "--out", synth / "gpu.json")
+    assert r.returncode == 0, r.stderr
+    assert "measuring" not in r.stderr
+    gpu = load_plan(synth / "gpu.json")
+    assert gpu.parameters["copy_cost_s_per_byte"] == gpu.parameters["op_overhead_s"] == 0
+    assert gpu.summary["copy_charge_us"] == gpu.summary["op_overhead_us"] == gpu.summary["refault_us"] == 0
+    r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--no-compare",
+                   "--copy-cost", "1.5", "--op-overhead", "20", "--refault-cost", "0.5", "--out", synth / "cpu.json")
+    assert r.returncode == 0, r.stderr
+    assert "of which copies on the compute" in r.stdout
+    cpu = load_plan(synth / "cpu.json")
+    assert cpu.parameters["copy_cost_s_per_byte"] == pytest.approx(1.5e-9)
+    assert cpu.parameters["op_overhead_s"] == pytest.approx(20e-6)
+    assert cpu.parameters["refault_s_per_byte"] == pytest.approx(0.5e-9)
+    assert cpu.summary["copy_charge_us"] > 0
+    assert cpu.summary["op_overhead_us"] == pytest.approx(20 * cpu.summary["num_ops"])
+    assert cpu.summary["predicted_iteration_us"] > gpu.summary["predicted_iteration_us"]
+
+
+@pytest.mark.parametrize("option", ["--copy-cost", "--op-overhead", "--refault-cost"])
+def test_bad_compute_costs_are_one_line_and_exit_2(synth: Path, option: str) -> None:
+    for bad in ("fast", "-1", "inf"):
+        r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", option, bad, "--out", synth / "x.json")
+        assert r.returncode == 2 and f"{option}: bad value" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_cpu_profile_measures_the_costs_here(tmp_path: Path) -> None:
+    """`auto` on a profile taken on the CPU runs the calibration (runtime.calibrate) on this machine."""
+    prof = synthetic_profile(4, 6, 3, seed=2)
+    write_profile(dataclasses.replace(prof, meta={**prof.meta, "device_type": "cpu"}), tmp_path / "p")
+    r = run_teraio("plan", tmp_path / "p", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--no-compare",
+                   "--op-overhead", "20", "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    assert "measuring what moving tensors costs the compute" in r.stderr and "measured here" in r.stderr
+    params = load_plan(tmp_path / "plan.json").parameters
+    assert params["op_overhead_s"] == pytest.approx(20e-6)  # given, not measured
+    assert params["copy_cost_s_per_byte"] >= 0 and params["refault_s_per_byte"] >= 0

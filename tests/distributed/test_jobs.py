@@ -20,7 +20,7 @@ import torch
 from tests.conftest import ROOT, SMALL_GPT
 
 EXAMPLES = ROOT / "examples"
-ARGS = [*SMALL_GPT, "--layers", "4", "--batch", "8", "--steps", "6"]
+ARGS = [*SMALL_GPT, "--layers", "4", "--batch", "8", "--steps", "6", "--lr", "1e-2"]
 TIMEOUT_S = 300
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun sets it: the bits depend on it
 
@@ -50,11 +50,20 @@ def teraio(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def saved(path: Path, per_rank: bool) -> dict[str, torch.Tensor]:
+    """The saved parameters; a pipeline's ranks each save their stages' (no name twice)."""
     files = [Path(f"{path}.rank{r}") for r in (0, 1)] if per_rank else [path]
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        out.update(torch.load(f))
+        part = torch.load(f)
+        assert not out.keys() & part.keys()
+        out.update(part)
     return out
+
+
+def gpt_keys() -> set[str]:
+    from examples.train_gpt import GPT
+
+    return set(GPT(128, 32, 4, 64, 2).state_dict())
 
 
 JOBS = {
@@ -79,6 +88,8 @@ def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(jo
     finally:
         plain_run = finish(plain)
     assert plain_run.returncode == 0, plain_run.stderr[-4000:]
+    plain_losses = [float(x) for x in losses(plain_run.stdout)]
+    assert len(plain_losses) == 6 and plain_losses[-1] < plain_losses[0] - 0.2, plain_losses  # it trains
     meta = json.loads((tmp_path / "profile" / "meta.json").read_text())
     assert meta["ranks"] == [0, 1] and meta["world_size"] == 2 and set(meta["signatures"]) == {"0", "1"}
 
@@ -101,6 +112,7 @@ def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(jo
     per_rank = script == "train_gpt_pp.py"
     a, b = saved(tmp_path / "plain.pt", per_rank), saved(tmp_path / "teraio.pt", per_rank)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == gpt_keys()  # the whole model, each parameter once
 
     report = json.loads((tmp_path / "run.json").read_text())
     assert report["world_size"] == 2 and set(report["ranks"]) == {"0", "1"}
@@ -128,7 +140,7 @@ def test_torchrun_around_teraio_reads_the_rank_from_the_environment(tmp_path: Pa
 
     r = teraio("run", "--plan", tmp_path / "plan.json", script, "--", *args, cwd=tmp_path)
     assert r.returncode == 2
-    assert "was made for a job of 2 ranks ([0, 1]); this is rank 0 of 1" in r.stderr
+    assert "this plan was made for a job of 2 ranks; this job has 1: profile this job" in r.stderr
 
 
 DYING = """

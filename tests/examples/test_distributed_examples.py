@@ -1,9 +1,7 @@
-"""The distributed example trainers under torchrun: 2 processes, CPU, gloo.
-
-Each trains the small GPT of ``tests/conftest.py`` twice: the loss falls, the two
-runs print the same losses and save the same parameters, bit for bit, and the
-saved parameters are the GPT's. With one process, DDP and FSDP2 train exactly
-as ``train_gpt.py`` does.
+"""The distributed example trainers under torchrun, CPU, gloo: with one process, DDP and
+FSDP2 train exactly as ``train_gpt.py`` does. (With two, each is trained plainly and under
+teraio in ``tests/distributed/test_jobs.py``: the loss falls, the saved parameters are the
+GPT's, and the two runs agree bit for bit.)
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.conftest import EXAMPLE, ROOT, SMALL_GPT
 
@@ -57,39 +54,6 @@ def torchrun(script: str, nproc: int, *args: str | Path) -> list[str]:
     steps = [(int(m[1]), m[2]) for m in found if m]
     assert [n for n, _ in steps] == list(range(STEPS)), out  # one line per step, printed once
     return [loss for _, loss in steps]
-
-
-def gpt_keys() -> set[str]:
-    from examples.train_gpt import GPT  # the package import: examples/ has no __init__
-    return set(GPT(128, 32, 4, 64, 2).state_dict())
-
-
-def check_two_runs(script: str, tmp_path: Path, *args: str, per_rank: bool = False) -> None:
-    runs = [torchrun(script, 2, *ARGS, *args, "--save", tmp_path / f"run{i}.pt") for i in (0, 1)]
-    assert runs[0] == runs[1]
-    losses = [float(x) for x in runs[0]]
-    assert losses[-1] < losses[0] - 0.2, losses
-    suffixes = [".rank0", ".rank1"] if per_rank else [""]
-    saved = [[torch.load(tmp_path / f"run{i}.pt{s}") for s in suffixes] for i in (0, 1)]
-    for a, b in zip(*saved, strict=True):
-        assert a.keys() == b.keys()
-        assert all(torch.equal(a[k], b[k]) for k in a)
-    keys = [set(state) for state in saved[0]]
-    assert set().union(*keys) == gpt_keys()
-    assert sum(map(len, keys)) == len(gpt_keys())  # no parameter on two ranks
-
-
-def test_ddp_trains_and_repeats(tmp_path: Path) -> None:
-    check_two_runs("train_gpt_ddp.py", tmp_path, "--bucket-cap-mb", "0.1")
-
-
-def test_fsdp_trains_and_repeats(tmp_path: Path) -> None:
-    check_two_runs("train_gpt_fsdp.py", tmp_path)
-
-
-@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b", "zbv"])
-def test_pipeline_trains_and_repeats(tmp_path: Path, schedule: str) -> None:
-    check_two_runs("train_gpt_pp.py", tmp_path, "--schedule", schedule, per_rank=True)
 
 
 def test_one_process_is_train_gpt() -> None:

@@ -1,0 +1,123 @@
+"""Predictions that hold: `teraio plan`'s predicted iteration time and tracked peak against
+what `teraio run` measures, on the CPU.
+
+For each example size: `teraio profile`, then at 75% and 50% of the profiled
+peak and at the smallest budget any plan meets, `teraio plan` (the disk's
+measured O_DIRECT bandwidth, and the costs of copies on the compute measured on
+this machine once, ``python -m runtime.calibrate``, as `teraio plan` measures
+them by default for a CPU profile: NOTE [ Copies on the compute ] in
+planner/simulate.py) and one `teraio run` (posix backend). Predicted
+against measured:
+
+- iteration time: the plan's ``predicted_iteration_us`` against the run
+  report's median iteration (iterations 1 on; iteration 0 has a plan of its own);
+- tracked peak: the plan's ``peak_after_bytes`` against the highest of the run
+  report's ``iteration_peak_bytes`` from iteration 1.
+
+Errors are |measured - predicted| / measured.
+
+    python bench/fidelity.py [--sizes small wide] [--steps 6]
+
+The last line: ``time_error_max=... peak_error_max=...`` (fractions, the worst
+case of all), then each size's worst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quiet  # noqa: E402
+from demo import EXAMPLE, losses, sh, teraio  # noqa: E402
+from rok import machine  # noqa: E402
+from run_overhead import steps  # noqa: E402
+
+from planner import problem_from_profile  # noqa: E402
+from planner.problem import resident_need_bytes  # noqa: E402
+from profiles import read_profile  # noqa: E402
+
+SIZES = {
+    "small": ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "256", "--batch", "8"],
+    "wide": ["--layers", "2", "--hidden", "512", "--heads", "8", "--seq", "512", "--batch", "8"],
+}
+MIB = 2**20
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--swap-dir", default=None)
+    p.add_argument("--quiet-budget", type=float, default=quiet.BUDGET_S,
+                   help="seconds the whole bench may spend waiting for an idle machine and repeating runs "
+                        "another process disturbed (bench/quiet.py)")
+    args = p.parse_args()
+    quiet.BUDGET_S = args.quiet_budget
+    started = time.monotonic()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="teraio-fidelity-", dir=args.swap_dir) as d:
+        work = Path(d)
+        plan_args = machine(work)
+        for size in args.sizes:
+            ex = [*SIZES[size], "--steps", str(args.steps)]
+            prof = work / f"profile-{size}"
+            quiet.sh(*teraio("profile", EXAMPLE, "--out", prof, "--force", "--", *ex))
+            plain_run = quiet.sh(sys.executable, EXAMPLE, *ex, "--timing")
+            plain = losses(plain_run.stdout)
+            plain_s = statistics.median(steps(plain_run.stdout, 1)[0]) / 1e3
+            problem = problem_from_profile(read_profile(prof))
+            peak = int(problem.memory_bytes.max())
+            budgets = {"75%": int(peak * 0.75), "50%": peak // 2,
+                       "smallest": int(resident_need_bytes(problem).max())}
+            for share, budget in budgets.items():
+                plan, report = work / f"plan-{size}-{share}.json", work / "run.json"
+                sh(*teraio("plan", prof, "--gpu-mem", str(budget), *plan_args, "--no-compare", "--out", plan),
+                   quiet=True)
+                run = quiet.sh(*teraio("run", "--plan", plan, "--backend", "posix", "--swap-dir", work,
+                                 "--report", report, EXAMPLE, "--", *ex))
+                if losses(run.stdout) != plain:
+                    raise SystemExit(f"fidelity: {size} {share}: losses differ from the plain run's")
+                s = json.loads(plan.read_text())["summary"]
+                r = json.loads(report.read_text())
+                time_pred, time_meas = s["predicted_iteration_us"] / 1e6, statistics.median(r["iteration_s"][1:])
+                peak_pred, peak_meas = s["peak_after_bytes"], max(r["iteration_peak_bytes"][1:])
+                rows.append({
+                    "size": size, "share": share, "budget": budget, "time_pred": time_pred, "time_meas": time_meas,
+                    "time_err": abs(time_meas - time_pred) / time_meas, "peak_pred": peak_pred,
+                    "peak_meas": peak_meas, "peak_err": abs(peak_meas - peak_pred) / peak_meas,
+                    "ideal": s["ideal_iteration_us"] / 1e6, "stall_pred": s["stall_us"] / 1e6,
+                    "stall_meas": statistics.median(r["iteration_stall_s"][1:]),
+                    "charge": s["copy_charge_us"] / 1e6, "overhead": s["op_overhead_us"] / 1e6,
+                    "refault": s["refault_us"] / 1e6, "plain": plain_s,
+                })
+                print(f"{size} {share}: predicted {time_pred * 1e3:,.0f} ms, measured {time_meas * 1e3:,.0f} ms; "
+                      f"peak predicted {peak_pred / MIB:.1f} MiB, measured {peak_meas / MIB:.1f} MiB", flush=True)
+    print()
+    print("| example | budget | iteration predicted | measured | error | predicted: ops (plain run) / runtime per op / "
+          "faults / copies / stalls | stalls measured | tracked peak predicted | measured | error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['size']} | {r['share']}, {r['budget'] / MIB:.1f} MiB | {r['time_pred'] * 1e3:,.0f} ms | "
+              f"{r['time_meas'] * 1e3:,.0f} ms | {r['time_err']:.1%} | {r['ideal'] * 1e3:,.0f} "
+              f"({r['plain'] * 1e3:,.0f}) / "
+              f"{r['overhead'] * 1e3:,.0f} / {r['refault'] * 1e3:,.0f} / {r['charge'] * 1e3:,.0f} / "
+              f"{r['stall_pred'] * 1e3:,.0f} ms | {r['stall_meas'] * 1e3:,.0f} ms | "
+              f"{r['peak_pred'] / MIB:.1f} MiB | {r['peak_meas'] / MIB:.1f} MiB | {r['peak_err']:.1%} |")
+    worst = {"time_error_max": max(r["time_err"] for r in rows), "peak_error_max": max(r["peak_err"] for r in rows)}
+    for size in args.sizes:
+        worst[f"time_error_max_{size}"] = max(r["time_err"] for r in rows if r["size"] == size)
+        worst[f"peak_error_max_{size}"] = max(r["peak_err"] for r in rows if r["size"] == size)
+    print(quiet.TALLY.line())
+    print(f"bench time {time.monotonic() - started:.0f} s, of which {quiet.TALLY.spent_s:.0f} s waiting and repeating")
+    print(" ".join(f"{k}={v:.3f}" for k, v in worst.items()))
+
+
+if __name__ == "__main__":
+    main()

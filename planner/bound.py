@@ -1,0 +1,159 @@
+"""Lower bounds on the iteration time of any plan, from bytes and bandwidth alone.
+
+NOTE [ Transfer bound ]: take any plan that fits (the simulator's model,
+``planner.simulate``: a tensor's bytes are free once its offload completes and
+counted again from the moment its prefetch starts; every offload writes the
+whole tensor, every prefetch reads it) and a *window*, a run of ops ``[a, b]``.
+Cut the iteration at the moment each window's first op is reached (before its
+stall); the windows' stretches of time partition the iteration, and each is at
+least its ops' compute time. Within the stretch of ``[a, b]``:
+
+- *reads*: let ``A`` be the bytes of the tensors alive at op ``a`` that some
+  op of ``[a, b]`` accesses. At most ``capacity`` bytes are resident when ``a``
+  runs, so at least ``A - capacity`` of them are out then, with no prefetch
+  started; each is read back, whole, after ``a`` starts and before its access,
+  inside the stretch.
+- *writes*: let ``Z`` be the bytes of the tensors alive at op ``b`` that some
+  op of ``[a, b]`` accesses. At most ``capacity`` are resident when ``b``
+  runs; each of the others was resident at its access in ``[a, b)``, so its
+  offload started after that access and completed before ``b`` starts: at
+  least ``Z - capacity`` bytes written inside the stretch.
+- *host memory*: a tensor is out in one place; those read back (written out)
+  from host memory were in host memory at ``a`` (at ``b``), at most
+  ``host_mem_bytes`` of them. The SSD carries the rest.
+
+So the stretch takes at least ``max(compute, t_read(A - capacity),
+t_write(Z - capacity))``, where ``t(x)`` is the least time ``x`` bytes take on
+the SSD and host channels of one direction running at once, no more than
+``host_mem_bytes`` of them on the host; and the iteration at least the sum over
+the windows. Any set of windows that covers the iteration in order gives a
+bound; the function reports two and their maximum:
+
+- *peak*: one window, the whole iteration from its peak op (for the reads)
+  and the whole iteration up to the peak op (for the writes): the bytes out at
+  the peak leave and come back once. When every tensor alive at the peak is
+  used in the iteration, ``A = Z = peak``.
+- *phases*: a window per run of ops of one phase (each micro-batch's forward,
+  its backward, the optimizer step). It sees what the peak bound cannot: an
+  optimizer step that touches every parameter, gradient and moment in a short
+  time must read all that is out when it starts within that time.
+
+``A`` and ``Z`` are counted from the problem's inactive periods and the bytes
+each op accesses; a tensor idle at ``a`` whose period the problem leaves out (of
+size 0, or shorter than one op) is not counted, which only lowers the bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.hardware import Hardware
+from planner.problem import PlanProblem
+
+__all__ = ["Bound", "iteration_bound", "phase_windows", "transfer_us"]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Lower bounds of the iteration time of any plan that fits, in microseconds."""
+
+    ideal_us: float
+    """The ops back to back."""
+    peak_us: float
+    """The bytes out at the peak op, moved out and back once (NOTE [ Transfer bound ], peak)."""
+    phases_us: float
+    """The sum over the phase windows (NOTE [ Transfer bound ], phases)."""
+    window_first_op: np.ndarray  # (num_windows,) int64: each phase window's first op
+    window_compute_us: np.ndarray  # (num_windows,) float64: its ops' time
+    window_read_bytes: np.ndarray  # (num_windows,) float64: the least it must read back
+    window_write_bytes: np.ndarray  # (num_windows,) float64: the least it must write out
+    window_transfer_us: np.ndarray  # (num_windows,) float64: the least time those reads or writes take
+    window_us: np.ndarray  # (num_windows,) float64: the least time it takes: the larger of the two times
+
+    @property
+    def iteration_us(self) -> float:
+        """The tightest of the bounds."""
+        return max(self.ideal_us, self.peak_us, self.phases_us)
+
+
+def transfer_us(num_bytes: float | np.ndarray, ssd_bw_bytes_per_s: float, host_bw_bytes_per_s: float,
+                host_mem_bytes: float) -> np.ndarray:
+    """The least microseconds ``num_bytes`` take on an SSD channel and a host channel of one direction
+    at once, at most ``host_mem_bytes`` of them on the host (the split that evens the two out, or all
+    the host can take)."""
+    x = np.maximum(np.asarray(num_bytes, np.float64), 0.0)
+    on_host = np.minimum(np.minimum(x * host_bw_bytes_per_s / (ssd_bw_bytes_per_s + host_bw_bytes_per_s),
+                                    float(host_mem_bytes)), x)
+    return np.maximum((x - on_host) / ssd_bw_bytes_per_s, on_host / host_bw_bytes_per_s) * 1e6
+
+
+def phase_windows(problem: PlanProblem) -> np.ndarray:
+    """(num_windows,) int64: the first op of each run of ops of one phase (at least op 0)."""
+    phase = problem.phase
+    if problem.num_ops == 0:
+        return np.zeros(0, np.int64)
+    change = np.r_[True, phase[1:] != phase[:-1]]
+    return np.flatnonzero(change).astype(np.int64)
+
+
+def _periods_unrolled(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every period three times, shifted by ``-n``, 0 and ``n`` (NOTE [ Unrolled op axis ] in
+    ``planner.problem``): ``(start_op, end_op, size, reads_back)`` on an axis of ops ``[-n, 3n)``."""
+    n = problem.num_ops
+    shifts = np.repeat(np.array([-n, 0, n], np.int64), problem.num_periods)
+    return (np.tile(problem.start_op, 3) + shifts, np.tile(problem.end_op, 3) + shifts,
+            np.tile(problem.size_bytes.astype(np.float64), 3), np.tile(problem.reads_back, 3))
+
+
+def _used_bytes(problem: PlanProblem, first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per window ``[first, last]`` (unrolled ops, ``last < first + n``, both in ``[0, 2n)``): the bytes
+    alive at ``first`` that the window accesses (``A``) and those alive at ``last`` (``Z``).
+
+    A: accessed by op ``first``, or idle there (``s < first < e``) until a use ``e <= last``.
+    Z: accessed by op ``last``, or idle there (``s < last < e``) since a use ``s >= first``.
+    """
+    n = problem.num_ops
+    s, e, size, back = _periods_unrolled(problem)
+    act = problem.active_bytes.astype(np.float64)
+    reads = np.empty(len(first))
+    writes = np.empty(len(first))
+    for w, (a, b) in enumerate(zip(first.tolist(), last.tolist(), strict=True)):
+        reads[w] = act[a % n] + size[back & (s < a) & (a < e) & (e <= b)].sum()
+        writes[w] = act[b % n] + size[(s >= a) & (s < b) & (b < e)].sum()
+    return reads, writes
+
+
+def iteration_bound(problem: PlanProblem, hw: Hardware) -> Bound:
+    """The bounds of NOTE [ Transfer bound ] for ``problem`` on ``hw``."""
+    n = problem.num_ops
+    ideal = problem.ideal_iteration_us
+    if n == 0:
+        empty = np.zeros(0)
+        return Bound(ideal, ideal, ideal, np.zeros(0, np.int64), empty, empty, empty, empty, empty)
+    cap = float(hw.gpu_mem_bytes)
+    host = float(hw.host_mem_bytes)
+
+    def t_read(x: np.ndarray) -> np.ndarray:
+        return transfer_us(x, hw.ssd_read_bw_bytes_per_s, hw.host_bw_bytes_per_s, host)
+
+    def t_write(x: np.ndarray) -> np.ndarray:
+        return transfer_us(x, hw.ssd_write_bw_bytes_per_s, hw.host_bw_bytes_per_s, host)
+
+    # The peak: reads over the iteration from the peak op, writes over the iteration up to it.
+    k = int(problem.memory_bytes.argmax())
+    reads, _ = _used_bytes(problem, np.array([k]), np.array([k + n - 1]))
+    _, writes = _used_bytes(problem, np.array([k + 1]), np.array([k + n]))
+    peak = max(ideal, float(t_read(reads - cap)[0]), float(t_write(writes - cap)[0]))
+
+    first = phase_windows(problem)
+    last = np.r_[first[1:], n] - 1
+    compute = np.add.reduceat(problem.duration_us, first)
+    reads, writes = _used_bytes(problem, first, last)
+    reads, writes = np.maximum(reads - cap, 0.0), np.maximum(writes - cap, 0.0)
+    transfer = np.maximum(t_read(reads), t_write(writes))
+    per_window = np.maximum(compute, transfer)
+    return Bound(ideal_us=ideal, peak_us=peak, phases_us=float(per_window.sum()), window_first_op=first,
+                 window_compute_us=compute, window_read_bytes=reads, window_write_bytes=writes,
+                 window_transfer_us=transfer, window_us=per_window)

@@ -1,0 +1,207 @@
+"""What moving tensors costs the training on a CPU, measured on this machine.
+
+On a CPU the cores that train also copy (NOTE [ Copies on the compute ] in
+``planner.simulate``), so a plan's prediction needs figures of the machine
+it runs on, which ``teraio plan`` takes for a CPU profile (and what the
+runtime itself adds):
+
+- ``copy_cost_s_per_byte``: the compute time each byte moved takes from the
+  training. A loop of matrix products (PyTorch's own threads, as training uses
+  them) runs alone, then while the migration engine moves ``total_bytes`` out
+  and back through the posix backend in tensors of ``tensor_bytes``, the way
+  the executor does (the training thread frees a storage once its write is
+  done and gives it its bytes back before its read); the loop's extra time
+  over the bytes moved. Alone and with copies alternate ``rounds`` times; the
+  median.
+- ``op_overhead_s``: the time the executor's dispatch mode adds to an op: a
+  loop of small ops under it (a steady iteration, empty plan) against the same
+  loop without it; the best of ``rounds``.
+- ``refault_s_per_byte``: what giving freed memory back to the OS at an
+  iteration boundary costs (NOTE [ malloc on CPU ] in ``runtime.memory``): the
+  trim and the page faults of making tensors of ``total_bytes`` again after it,
+  over making them again without it, per byte; the median of ``rounds``.
+
+All are measured, never assumed; ``python -m runtime.calibrate`` prints them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.backends import PosixBackend
+from runtime.engine import Job, MigrationEngine
+from runtime.memory import trim
+from runtime.storage import byte_view, free_storage, realloc_storage
+
+__all__ = ["CpuCosts", "measure_copy_cost", "measure_cpu_costs", "measure_op_overhead", "measure_refault"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuCosts:
+    copy_cost_s_per_byte: float
+    """Compute time lost per byte moved (out or back)."""
+    op_overhead_s: float
+    """Time the executor's dispatch mode adds to each op."""
+    refault_s_per_byte: float
+    """Time to fault memory in again after the boundary's trim, per byte."""
+
+
+class _Compute:
+    """A training-like op: a (512, 1024) x (1024, 1024) fp32 product and a GELU."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(512, 1024, generator=gen)
+        self.w = torch.randn(1024, 1024, generator=gen)
+
+    def step(self) -> float:
+        t0 = time.perf_counter()
+        torch.nn.functional.gelu(self.x @ self.w)
+        return time.perf_counter() - t0
+
+    def alone(self, seconds: float) -> float:
+        """The median time of one step, run for about ``seconds``."""
+        times: list[float] = []
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end or len(times) < 5:
+            times.append(self.step())
+        return statistics.median(times)
+
+
+def _copies_beside(compute: _Compute, backend: PosixBackend, total_bytes: int, tensor_bytes: int,
+                   step_s: float) -> float:
+    """Compute time lost while ``total_bytes`` go out and come back, seconds."""
+    engine = MigrationEngine(2)
+    storages = [torch.empty(tensor_bytes, dtype=torch.uint8).fill_(i % 251).untyped_storage()
+                for i in range(total_bytes // tensor_bytes)]
+    lost = 0.0
+    try:
+        def submit(key: int, direction: str) -> None:
+            view = byte_view(storages[key])
+            work = ((lambda: backend.write(key, view)) if direction == "write"
+                    else (lambda: backend.read(key, view)))
+            engine.submit(Job(key, direction, tensor_bytes, work))
+
+        for key in range(len(storages)):
+            submit(key, "write")
+        writes, reads = len(storages), 0
+        while writes or reads:
+            while engine.completed:  # what the executor does before each op
+                job = engine.completed.popleft()
+                if job.error is not None:
+                    raise job.error
+                if job.direction == "write":
+                    free_storage(storages[job.tensor_id])
+                    writes -= 1
+                    if not writes:
+                        for key, storage in enumerate(storages):
+                            realloc_storage(storage, tensor_bytes)
+                            submit(key, "read")
+                        reads = len(storages)
+                else:
+                    reads -= 1
+            lost += compute.step() - step_s
+    finally:
+        engine.close()
+    return lost
+
+
+def measure_copy_cost(swap_dir: str | Path | None = None, total_bytes: int = 128 << 20,
+                      tensor_bytes: int = 4 << 20, rounds: int = 3) -> float:
+    """Compute seconds lost per byte moved through the posix backend; see the module docstring."""
+    compute = _Compute()
+    compute.alone(0.2)  # warm up
+    costs = []
+    with tempfile.TemporaryDirectory(prefix="teraio-calibrate-", dir=swap_dir) as d:
+        backend = PosixBackend(d)
+        try:
+            for _ in range(rounds):
+                step_s = compute.alone(0.3)
+                lost = _copies_beside(compute, backend, total_bytes, tensor_bytes, step_s)
+                costs.append(max(lost, 0.0) / (2 * total_bytes))
+        finally:
+            backend.close()
+    return statistics.median(costs)
+
+
+def measure_op_overhead(num_ops: int = 5000, rounds: int = 3) -> float:
+    """Seconds the executor's dispatch mode adds to a small op; see the module docstring."""
+    from planner.plan import Plan
+    from runtime.api import offload
+    from torch_patch import mark_iteration
+
+    x, y0 = torch.ones(16), torch.ones(16)
+
+    def loop() -> float:
+        t0 = time.perf_counter()
+        y = y0
+        for _ in range(num_ops):
+            y = y + x
+        return time.perf_counter() - t0
+
+    plain, under = [], []
+    empty = Plan(signature="", parameters={"host_mem_bytes": 0}, summary={}, migrations={0: []})
+    for _ in range(rounds):
+        loop()
+        plain.append(loop())
+        with tempfile.TemporaryDirectory(prefix="teraio-calibrate-") as d, offload(empty, swap_dir=d):
+            mark_iteration()  # a steady iteration, as the plan's are
+            loop()
+            under.append(loop())
+    return max(min(under) - min(plain), 0.0) / num_ops
+
+
+def measure_refault(total_bytes: int = 128 << 20, tensor_bytes: int = 4 << 20, rounds: int = 3) -> float:
+    """Seconds per byte of a trim and the faults after it; see the module docstring."""
+    count = total_bytes // tensor_bytes
+
+    def remake(trimmed: bool) -> float:
+        kept = [torch.empty(tensor_bytes, dtype=torch.uint8).fill_(1) for _ in range(count)]
+        del kept
+        t0 = time.perf_counter()
+        if trimmed:
+            trim()
+        again = [torch.empty(tensor_bytes, dtype=torch.uint8).fill_(1) for _ in range(count)]
+        elapsed = time.perf_counter() - t0
+        del again
+        return elapsed
+
+    remake(False)
+    costs = []
+    for _ in range(rounds):
+        without = remake(False)
+        costs.append(max(remake(True) - without, 0.0) / (count * tensor_bytes))
+    return statistics.median(costs)
+
+
+def measure_cpu_costs(swap_dir: str | Path | None = None) -> CpuCosts:
+    """All three figures; a few seconds."""
+    return CpuCosts(copy_cost_s_per_byte=measure_copy_cost(swap_dir), op_overhead_s=measure_op_overhead(),
+                    refault_s_per_byte=measure_refault())
+
+
+def main() -> None:
+    import argparse
+    import dataclasses
+    import json
+
+    p = argparse.ArgumentParser(description="Measure what moving tensors costs the training on this CPU.")
+    p.add_argument("--swap-dir", default=None, help="where the posix backend writes (default: the temp dir)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON (seconds)")
+    args = p.parse_args()
+    costs = measure_cpu_costs(args.swap_dir)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(costs)))
+    else:
+        print(f"copy cost {costs.copy_cost_s_per_byte * 1e9:.3f} ns per byte moved; op overhead "
+              f"{costs.op_overhead_s * 1e6:.2f} us per op; refault {costs.refault_s_per_byte * 1e9:.3f} ns per byte")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The transfer bound (planner.bound): its accounting on hand-built profiles, and that no plan beats it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+
+from planner import Hardware, plan_rank, problem_from_profile
+from planner.baselines import activation_offload
+from planner.bound import _used_bytes, iteration_bound, phase_windows, transfer_us
+from tests.planner.helpers import make_profile
+from tests.planner.test_properties import SETTINGS, cases
+
+
+def two_phase_profile():
+    """Ten 100 us ops, ops 0-4 forward and 5-9 optimizer. A (600 B, persistent) used at ops 0 and 5;
+    B (300 B, persistent) at ops 6 and 8; T (200 B) made at op 1, last used at op 3, freed at op 4;
+    C (10 B) used by every op. Memory: 910 B, 1110 B over ops 1-3."""
+    accesses = [(0, 0), (5, 0), (6, 1), (8, 1), (1, 2), (3, 2)] + [(k, 3) for k in range(10)]
+    tensors = [{"tensor_id": 0, "size_bytes": 600}, {"tensor_id": 1, "size_bytes": 300},
+               {"tensor_id": 2, "size_bytes": 200, "persistent": False, "alloc_op": 1, "free_op": 4},
+               {"tensor_id": 3, "size_bytes": 10}]
+    return make_profile([100.0] * 10, tensors, accesses, phases=["forward"] * 5 + ["optimizer"] * 5)
+
+
+def hw(capacity: int, ssd: float = 1e6, host_bw: float = 1e6, host: int = 0) -> Hardware:
+    return Hardware(gpu_mem_bytes=capacity, ssd_read_bw_bytes_per_s=ssd, ssd_write_bw_bytes_per_s=ssd,
+                    host_bw_bytes_per_s=host_bw, host_mem_bytes=host)
+
+
+def test_bytes_a_window_must_read_and_write() -> None:
+    problem = problem_from_profile(two_phase_profile())
+    assert list(phase_windows(problem)) == [0, 5]
+    reads, writes = _used_bytes(problem, np.array([0, 5, 2]), np.array([4, 9, 6]))
+    # [0, 4]: alive at op 0 and used in it: A (at 0) and C; B is next used at 6. Alive at op 4 and
+    # used in [0, 4]: A (idle since 0) and C; T died at 4.
+    assert (reads[0], writes[0]) == (610, 610)
+    # [5, 9]: at op 5 A and C (used), B (idle until 6); at op 9: A (last used at 5), B (at 8), C.
+    assert (reads[1], writes[1]) == (910, 910)
+    # [2, 6]: at op 2 T and C used, A idle until 5, B idle until 6 (wrapping: used at 8 before).
+    # At op 6: B and C used, A idle since 5; T, dead, is not.
+    assert (reads[2], writes[2]) == (1110, 910)
+
+
+def test_a_window_of_the_next_iteration_sees_the_wrapping_periods() -> None:
+    problem = problem_from_profile(two_phase_profile())
+    # [6, 15] (ops 6-9, then 0-5 of the next iteration): at op 6 A is idle until 15, B used.
+    reads, writes = _used_bytes(problem, np.array([6]), np.array([15]))
+    assert reads[0] == 910
+    # At op 15 (op 5): A and C used, B idle since 8.
+    assert writes[0] == 910
+
+
+def test_transfer_time_splits_the_bytes_between_ssd_and_host() -> None:
+    assert float(transfer_us(16e9, 16e9, 25e9, 0)) == pytest.approx(1e6)
+    # Unlimited host memory: both channels finish together, 41 GB in one second.
+    assert float(transfer_us(41e9, 16e9, 25e9, 1e15)) == pytest.approx(1e6)
+    # 10 GB of host memory: the SSD carries the other 31 GB.
+    assert float(transfer_us(41e9, 16e9, 25e9, 10e9)) == pytest.approx(31e9 / 16e9 * 1e6)
+    assert float(transfer_us(-5.0, 16e9, 25e9, 0)) == 0.0
+
+
+def test_the_peak_bound_is_the_bytes_over_capacity_each_way() -> None:
+    problem = problem_from_profile(two_phase_profile())
+    b = iteration_bound(problem, hw(400, ssd=1e5))  # 10 B per us
+    # Peak at op 1 (1110 B): over the iteration from op 1 every tensor alive there is used again.
+    assert b.peak_us == pytest.approx((1110 - 400) * 10)
+    assert b.ideal_us == pytest.approx(1000.0)
+    # Per window: [0, 4] reads 610 - 400, writes 610 - 400; [5, 9] 910 - 400 each way.
+    assert list(b.window_read_bytes) == [210, 510] and list(b.window_write_bytes) == [210, 510]
+    assert b.phases_us == pytest.approx(210 * 10 + 510 * 10)
+    assert b.iteration_us == b.phases_us
+
+
+def test_nothing_to_move_leaves_the_ideal() -> None:
+    problem = problem_from_profile(two_phase_profile())
+    b = iteration_bound(problem, hw(2000))
+    assert b.iteration_us == pytest.approx(1000.0)
+    assert not b.window_read_bytes.any() and not b.window_write_bytes.any()
+
+
+def test_no_plan_beats_it_on_the_hand_built_profile() -> None:
+    problem = problem_from_profile(two_phase_profile())
+    for capacity in (700, 800, 1000):
+        for host in (0, 1000):
+            h = hw(capacity, host=host)
+            rp = plan_rank(problem, h)
+            assert rp.sim.fits
+            assert rp.sim.iteration_us >= iteration_bound(problem, h).iteration_us * (1 - 1e-9)
+
+
+@SETTINGS
+@given(cases())
+def test_no_plan_that_fits_is_faster_than_the_bound(case: tuple) -> None:
+    _, problem, h = case
+    bound = iteration_bound(problem, h)
+    assert bound.iteration_us >= problem.ideal_iteration_us * (1 - 1e-12)
+    for rp in (plan_rank(problem, h, margins=(0.0,)), plan_rank(problem, h, margins=(0.3,)),
+               activation_offload(problem, h)):
+        if rp.sim.fits:
+            assert rp.sim.iteration_us >= bound.iteration_us * (1 - 1e-9)

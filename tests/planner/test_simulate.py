@@ -1,0 +1,135 @@
+"""The simulator's cost of copies on the compute (NOTE [ Copies on the compute ]): by hand and
+as properties over random synthetic plans."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner import Hardware, plan_rank, problem_from_profile
+from planner.greedy import Move
+from planner.make import settle_urgency
+from planner.simulate import simulate
+from tests.planner.helpers import make_profile
+from tests.planner.test_properties import SETTINGS, cases
+
+BW = {"ssd_write": 1e9, "ssd_read": 1e9, "host_write": 1e9, "host_read": 1e9}  # 1e9 B/s: 1 MB per ms
+
+
+def four_ops():
+    """Four 1,000 us ops; a 1 MB tensor used by ops 0 and 3 (idle over ops 1-2), one of 10 B by all."""
+    accesses = [(0, 0), (3, 0)] + [(k, 1) for k in range(4)]
+    return problem_from_profile(make_profile([1000.0] * 4, [{"tensor_id": 0, "size_bytes": 1_000_000},
+                                                            {"tensor_id": 1, "size_bytes": 10}], accesses))
+
+
+def move(prefetch_trigger: int) -> Move:
+    """The 1 MB tensor out before op 1 (1,000 us at 1e9 B/s: all of op 1) and back before
+    ``prefetch_trigger``, needed by op 3."""
+    return Move(period=0, tensor_id=0, size_bytes=1_000_000, target="ssd", start_op=0, end_op=3,
+                offload_trigger=1, offload_deadline=-1, prefetch_trigger=prefetch_trigger,
+                prefetch_deadline=3, priority=0)
+
+
+def test_no_cost_predicts_the_profiled_ops_and_stalls_alone() -> None:
+    sim = simulate(four_ops(), [move(2)], BW, float("inf"))
+    assert sim.iteration_us == pytest.approx(4000.0)
+    assert sim.copy_charge_us == 0 and sim.op_overhead_us == 0 and sim.refault_us == 0
+
+
+def test_bytes_moved_during_an_op_cost_the_compute_by_hand() -> None:
+    # 0.1 ns a byte: the offload (during op 1) and the prefetch (during op 2) cost 100 us each,
+    # each added to the op after; 10 us more per op for the runtime.
+    sim = simulate(four_ops(), [move(2)], BW, float("inf"), copy_cost_s_per_byte=1e-10, op_overhead_s=1e-5)
+    assert sim.copy_charge_us == pytest.approx(200.0)
+    assert sim.op_overhead_us == pytest.approx(40.0)
+    assert sim.stall_us == 0
+    assert sim.iteration_us == pytest.approx(4000.0 + 200.0 + 40.0)
+    assert sim.ideal_iteration_us == pytest.approx(4000.0)  # the plain run: no teraio, no copies
+    assert sim.op_start_us.tolist() == pytest.approx([0.0, 1010.0, 2020.0, 3130.0])
+
+
+def test_bytes_moved_during_a_stall_cost_nothing() -> None:
+    # The prefetch starts only before op 3, which needs it: op 3 waits the whole 1,000 us, while
+    # the training thread does nothing; only the offload, during op 1, is charged.
+    sim = simulate(four_ops(), [move(3)], BW, float("inf"), copy_cost_s_per_byte=1e-10)
+    assert sim.stall_us == pytest.approx(1000.0)
+    assert sim.copy_charge_us == pytest.approx(100.0)
+    assert sim.iteration_us == pytest.approx(4000.0 + 1000.0 + 100.0)
+
+
+def test_a_charged_op_lets_the_channels_move_on() -> None:
+    # Reads at 1 MB per 1,400 us: without a cost op 3 waits 400 us for the prefetch (triggered
+    # at op 2). At 0.5 ns a byte the offload (during op 1) costs op 2 500 us more, long enough
+    # for the prefetch to finish inside it; its bytes cost op 3 500 us in turn.
+    bw = {**BW, "ssd_read": 1e6 / 1.4e-3}
+    free = simulate(four_ops(), [move(2)], bw, float("inf"))
+    assert free.stall_us == pytest.approx(400.0) and free.iteration_us == pytest.approx(4400.0)
+    sim = simulate(four_ops(), [move(2)], bw, float("inf"), copy_cost_s_per_byte=5e-10)
+    assert sim.stall_us == 0
+    assert sim.copy_charge_us == pytest.approx(500.0 + 500.0)
+    assert sim.iteration_us == pytest.approx(5000.0)
+
+
+def test_negative_costs_are_refused() -> None:
+    with pytest.raises(ValueError, match="copy_cost_s_per_byte"):
+        simulate(four_ops(), [], BW, float("inf"), copy_cost_s_per_byte=-1.0)
+    with pytest.raises(ValueError, match="refault_s_per_byte"):
+        simulate(four_ops(), [], BW, float("inf"), refault_s_per_byte=-1.0)
+    with pytest.raises(ValueError, match="op_overhead_s"):
+        Hardware(gpu_mem_bytes=1, ssd_read_bw_bytes_per_s=1.0, ssd_write_bw_bytes_per_s=1.0, op_overhead_s=-1.0)
+
+
+@SETTINGS
+@given(cases(), st.sampled_from([1e-10, 1e-9, 4e-9]))
+def test_copy_cost_never_shortens_a_plan_and_is_charged_for_at_most_the_bytes_moved(case: tuple,
+                                                                                     cost: float) -> None:
+    """The same moves simulated with a copy cost take at least as long as without, and the charge
+    is at most the cost of every byte moved in the two iterations it can come from."""
+    _, problem, hw = case
+    rank_plan = plan_rank(problem, hw)
+    assert rank_plan.sim.copy_charge_us == 0  # a GPU's hardware: no cost
+    free = simulate(problem, rank_plan.moves, hw.channel_bw(), hw.gpu_mem_bytes)
+    costly = simulate(problem, rank_plan.moves, hw.channel_bw(), hw.gpu_mem_bytes, copy_cost_s_per_byte=cost)
+    assert costly.iteration_us >= free.iteration_us - 1e-6 * free.iteration_us
+    moved = sum(m.size_bytes * (1 + m.reads_back) for m in rank_plan.moves)
+    assert costly.copy_charge_us <= 2 * moved * cost * 1e6 * (1 + 1e-9) + 1e-6
+    assert costly.iteration_us <= costly.ideal_iteration_us + costly.stall_us + costly.copy_charge_us + 1e-3
+    assert costly.peak_bytes <= hw.gpu_mem_bytes
+
+
+def with_a_transient():
+    """``four_ops`` and a second 1 MB tensor, made and used by op 2 only: 2 MB resident there."""
+    accesses = [(0, 0), (3, 0), (2, 2)] + [(k, 1) for k in range(4)]
+    return problem_from_profile(make_profile([1000.0] * 4, [
+        {"tensor_id": 0, "size_bytes": 1_000_000}, {"tensor_id": 1, "size_bytes": 10},
+        {"tensor_id": 2, "size_bytes": 1_000_000, "persistent": False, "alloc_op": 2, "free_op": 3}],
+        accesses))
+
+
+def test_the_boundary_faults_in_again_what_the_iteration_freed() -> None:
+    # The runtime gives the transient's 1 MB back at the boundary; the next iteration faults it
+    # in again (0.1 ns a byte: 100 us). With the first tensor out until op 3 (whose wait for it
+    # is a stall of 1,000 us) the peak is no higher than the start: nothing to fault in again.
+    problem = with_a_transient()
+    kept = simulate(problem, [], BW, float("inf"), refault_s_per_byte=1e-10)
+    assert kept.refault_us == pytest.approx(100.0)
+    assert kept.iteration_us == pytest.approx(4100.0)
+    assert kept.op_start_us.tolist() == pytest.approx([0.0, 1100.0, 2100.0, 3100.0])
+    moved = simulate(problem, [move(3)], BW, float("inf"), refault_s_per_byte=1e-10)
+    assert moved.refault_us == 0 and moved.iteration_us == pytest.approx(5000.0)
+
+
+def test_plan_rank_charges_the_hardware_costs() -> None:
+    problem = with_a_transient()  # at 1.5 MB the first tensor must go out
+    cpu = Hardware(gpu_mem_bytes=1_500_000, ssd_read_bw_bytes_per_s=1e9, ssd_write_bw_bytes_per_s=1e9,
+                   copy_cost_s_per_byte=1e-10, op_overhead_s=1e-5, refault_s_per_byte=1e-10)
+    rank_plan = plan_rank(problem, cpu)
+    assert rank_plan.moves and rank_plan.sim.copy_charge_us > 0
+    assert rank_plan.sim.op_overhead_us == pytest.approx(40.0)
+    _, again = settle_urgency(problem, rank_plan.moves, cpu.channel_bw(), cpu.gpu_mem_bytes,
+                              copy_cost_s_per_byte=1e-10, op_overhead_s=1e-5, refault_s_per_byte=1e-10)
+    assert again.iteration_us == pytest.approx(rank_plan.sim.iteration_us)
+    assert again.iteration_us == pytest.approx(again.ideal_iteration_us + again.stall_us + again.copy_charge_us
+                                               + again.op_overhead_us + again.refault_us)
