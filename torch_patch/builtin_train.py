@@ -150,6 +150,9 @@ class JobConfig:
 
     def check(self, cfg: TrainConfig, model_cfg: DecoderConfig | EncoderDecoderConfig) -> None:
         """Raise ValueError if ``cfg`` cannot run as this job."""
+        if cfg.optimizer == "adamw-in-backward":
+            raise ValueError("adamw-in-backward is for one process; a job steps after its "
+                             "schedule or its gradient reduction")
         if self.parallelism == "pipeline":
             if not isinstance(model_cfg, DecoderConfig):
                 raise ValueError(f"{cfg.model} is an encoder-decoder; pipelines of built-in models "
@@ -167,9 +170,6 @@ class JobConfig:
         elif cfg.batch % (self.world_size * cfg.micro_batch):
             raise ValueError(f"batch {cfg.batch} cannot be split evenly into micro-batches of "
                              f"{cfg.micro_batch} between {self.world_size} FSDP ranks")
-        if cfg.optimizer == "adamw-in-backward":
-            raise ValueError("adamw-in-backward is for one process; a job steps after its "
-                             "schedule or its gradient reduction")
 
     def micro_batches_per_rank(self, cfg: TrainConfig) -> int:
         """Forward/backward passes of one rank per iteration (and stage, for a pipeline)."""
