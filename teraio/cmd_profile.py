@@ -73,20 +73,23 @@ def profile(
              "during backward; no gradient accumulation) or sgd (momentum 0.9). Default: adamw.",
         show_default=False)] = None,
     pipeline: Annotated[int | None, typer.Option(
-        min=1, help="With --model: profile a job of this many ranks training the model as a "
-                    "pipeline (torch.distributed.pipelining) through a fake process group: the "
-                    "blocks split evenly between the stages, the embeddings on the first, the "
-                    "final norm, output projection and loss on the last; --batch / --micro-batch "
-                    "micro-batches per iteration. Decoders without tied embeddings.",
+        min=1, help="With --fake --model: profile a job of this many ranks (GPUs) training the "
+                    "model as a pipeline (torch.distributed.pipelining) through a fake process "
+                    "group: the blocks split evenly between the stages, the embeddings on the "
+                    "first, the final norm, output projection and loss on the last; --batch / "
+                    "--micro-batch micro-batches per iteration, at least as many as the stages. "
+                    "Decoders without tied embeddings. Default: no job (one process).",
         show_default=False)] = None,
     schedule: Annotated[str | None, typer.Option(
-        help="With --pipeline: 1f1b (stage r on rank r), interleaved-1f1b (stages r and r + N "
-             "on rank r of N) or zbv (ZB-V: stages r and 2N - 1 - r). Default: 1f1b.",
+        help="With --pipeline N: 1f1b (N stages, stage r on rank r), interleaved-1f1b (2N "
+             "stages, r and r + N on rank r) or zbv (ZB-V, 2N stages: r and 2N - 1 - r). "
+             "Default: 1f1b.",
         show_default=False)] = None,
     fsdp: Annotated[int | None, typer.Option(
-        min=1, help="With --model: profile a job of this many ranks training the model with "
-                    "FSDP2 (fully_shard on every block, then the whole model) through a fake "
-                    "process group; each rank trains on --batch / N sequences, in micro-batches.",
+        min=1, help="With --fake --model: profile a job of this many ranks (GPUs) training the "
+                    "model with FSDP2 (fully_shard on every block, then the whole model) through "
+                    "a fake process group; each rank trains on --batch / N sequences in "
+                    "micro-batches (--batch a multiple of N x --micro-batch). Default: no job.",
         show_default=False)] = None,
     ddp: Annotated[int | None, typer.Option(
         min=1, help="Refused in fake mode, with the reason: DDP's reducer reads tensor data, "
@@ -345,13 +348,15 @@ def _cost_model(gpu: str | None, precision: str | None) -> Any:
 def _job_config(train_cfg: Any, pipeline: int | None, schedule: str | None, fsdp: int | None,
                 rank: int | None) -> Any:
     """The fake job of ``--pipeline``/``--fsdp`` (rank ``rank``, or 0 to check it), or None."""
-    from torch_patch.builtin_train import JobConfig
+    from torch_patch.builtin_train import SCHEDULES, JobConfig
     from torch_patch.models import CONFIGS
 
     if pipeline is not None and fsdp is not None:
         fail("give --pipeline N or --fsdp N, not both")
     if schedule is not None and pipeline is None:
-        fail("--schedule applies to --pipeline only")
+        fail("--schedule applies to --pipeline N only (a pipeline's stages)")
+    if schedule is not None and schedule not in SCHEDULES:
+        fail(f"--schedule: unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
     if pipeline is None and fsdp is None:
         if rank is not None:
             fail("--rank needs a job: --pipeline N or --fsdp N")
