@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -71,6 +72,33 @@ def profile(
              "parameters), adamw-in-backward (each parameter stepped and its gradient freed "
              "during backward; no gradient accumulation) or sgd (momentum 0.9). Default: adamw.",
         show_default=False)] = None,
+    pipeline: Annotated[int | None, typer.Option(
+        min=1, help="With --fake --model: profile a job of this many ranks (GPUs) training the "
+                    "model as a pipeline (torch.distributed.pipelining) through a fake process "
+                    "group: the blocks split evenly between the stages, the embeddings on the "
+                    "first, the final norm, output projection and loss on the last; --batch / "
+                    "--micro-batch micro-batches per iteration, at least as many as the stages. "
+                    "Decoders without tied embeddings. Default: no job (one process).",
+        show_default=False)] = None,
+    schedule: Annotated[str | None, typer.Option(
+        help="With --pipeline N: 1f1b (N stages, stage r on rank r), interleaved-1f1b (2N "
+             "stages, r and r + N on rank r) or zbv (ZB-V, 2N stages: r and 2N - 1 - r). "
+             "Default: 1f1b.",
+        show_default=False)] = None,
+    fsdp: Annotated[int | None, typer.Option(
+        min=1, help="With --fake --model: profile a job of this many ranks (GPUs) training the "
+                    "model with FSDP2 (fully_shard on every block, then the whole model) through "
+                    "a fake process group; each rank trains on --batch / N sequences in "
+                    "micro-batches (--batch a multiple of N x --micro-batch). Default: no job.",
+        show_default=False)] = None,
+    ddp: Annotated[int | None, typer.Option(
+        min=1, help="Refused in fake mode, with the reason: DDP's reducer reads tensor data, "
+                    "which fake tensors do not have. Profile a real DDP job (--nproc N) or use "
+                    "--fsdp N.", show_default=False)] = None,
+    rank: Annotated[int | None, typer.Option(
+        min=0, help="With --pipeline or --fsdp: profile this rank only (0 to N - 1). Default: "
+                    "every rank, one after another, each in a process of its own, into one "
+                    "profile of the job.", show_default=False)] = None,
     nproc: Annotated[int | None, typer.Option(
         min=1, help="Profile a job of this many processes on this node, started by PyTorch's "
                     "launcher (torch.distributed.run, as torchrun --nproc-per-node does): every "
@@ -97,6 +125,11 @@ def profile(
     together. Multi-node: run torchrun on every node with --out on a file
     system they all see.
 
+    A job of a built-in model needs no GPUs at all: `--fake --model llama3-70b
+    --pipeline 2 --schedule 1f1b --batch 16` profiles both ranks of a 2-stage
+    pipeline, one after the other, each in a process that plays its rank through
+    a fake process group (`--rank R` profiles one).
+
     Exit codes: 0 done, 2 bad input, the script's own code if it fails (a
     failed rank's, for a job).
     """
@@ -113,22 +146,33 @@ def profile(
     given = [k for k, v in model_opts.items() if v is not None]
     if model is None and given:
         fail(f"{', '.join(given)} apply to --model only")
+    job_opts = {"--pipeline": pipeline, "--schedule": schedule, "--fsdp": fsdp, "--ddp": ddp, "--rank": rank}
+    given_job = [k for k, v in job_opts.items() if v is not None]
+    if given_job and (model is None or not fake):
+        fail(f"{', '.join(given_job)} apply to --fake --model (a job of a script of your own: "
+             "teraio profile --nproc N, or torchrun)")
+    if ddp is not None:
+        fail("--ddp: DDP cannot run in fake mode: its C++ reducer reads tensor data (its "
+             "parameter checks and bucket rebuilds), which fake tensors do not have. Profile a "
+             "real DDP job (teraio profile --nproc N SCRIPT), or FSDP2 (--fsdp N) in fake mode")
     if script is not None and not script.is_file():
         fail(f"no such script: {script}")
     cost_model = None
     if fake:
         cost_model = _cost_model(gpu, precision)
     train_cfg = _train_config(model, batch, micro_batch, seq, precision, optimizer) if model else None
+    job = _job_config(train_cfg, pipeline, schedule, fsdp, rank) if train_cfg is not None else None
     stem = script if script is not None else Path(str(model))
     out_dir = out if out is not None else _default_out(stem)
-    rank, world_size = job_place()
-    if out_dir.exists() and not force and rank == 0:
+    job_rank, world_size = job_place()
+    if out_dir.exists() and not force and job_rank == 0:
         fail(f"{out_dir} already exists; pass --force to overwrite it")
     if iters is None:
         iters = 1 if fake else 2
     if nproc is not None:
         if fake:
-            fail("--nproc starts real processes; a fake profile is of one rank (see --help)")
+            fail("--nproc starts real processes; a fake job of a built-in model: --pipeline N or "
+                 "--fsdp N (see --help)")
         if world_size > 1:
             fail("--nproc inside a torchrun job: give torchrun --nproc-per-node instead")
         argv = without_nproc(sys.argv[1:])
@@ -136,7 +180,10 @@ def profile(
         launch(nproc, [*argv[:cut], "--out", str(out_dir.resolve()), "--force", *argv[cut:]])
         return  # rank 0 printed where the profile is
 
-    from profiles import write_profile
+    if job is not None and rank is None:
+        _profile_every_rank(job.world_size, out_dir)
+        return
+
     from teraio.console import teraio_warnings
     from torch_patch import ProfileComplete, ScriptFailed, Tracer, run_script
     from torch_patch.tracer import IrregularIterations
@@ -147,7 +194,8 @@ def profile(
         if s["time_us"] is not None:
             took = f", {s['time_us'] / 1e3:.1f} ms" + (" predicted" if fake else "")
         why = f"; it {s['skipped']}" if s["skipped"] else ""
-        info(f"iteration {s['iteration']} ({what}): {s['num_ops']} ops{took}{why}")
+        whose = f"rank {rank} of {job.world_size}: " if job is not None else ""
+        info(f"{whose}iteration {s['iteration']} ({what}): {s['num_ops']} ops{took}{why}")
 
     if cost_model is not None:
         from torch_patch.fake import FakeTracer
@@ -163,7 +211,7 @@ def profile(
             if train_cfg is not None:
                 from torch_patch.builtin_train import train
 
-                train(train_cfg, steps=warmup + iters + 1)
+                train(train_cfg, steps=warmup + iters + 1, job=job)
             else:
                 assert script is not None
                 run_script(script, args, passthrough=(IrregularIterations,))
@@ -196,6 +244,11 @@ def profile(
     if train_cfg is not None:
         meta["builtin_model"] = {**dataclasses.asdict(train_cfg),
                                  "num_micro_batches": train_cfg.num_micro_batches}
+        if job is not None:
+            from torch_patch.models import CONFIGS
+
+            meta["builtin_model"]["job"] = job.describe(CONFIGS[train_cfg.model])
+            meta["builtin_model"]["num_micro_batches"] = job.micro_batches_per_rank(train_cfg)
     prof = tracer.profile(meta)
     for skipped in prof.meta["skipped_iterations"]:
         why = ("its tensor sizes differ (a smaller last batch, or dynamic padding? pad to one "
@@ -208,9 +261,16 @@ def profile(
         info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory or DLPack "
              "memory): they stay in memory")
     if world_size > 1:
-        prof = _job_profile(prof, out_dir, rank, world_size)
+        prof = _job_profile(prof, out_dir, job_rank, world_size)
         if prof is None:
             return
+    _write(prof, out_dir)
+
+
+def _write(prof: Any, out_dir: Path) -> None:
+    """Write ``prof`` to ``out_dir`` (replacing it), say what it holds and print its path."""
+    from profiles import write_profile
+
     if out_dir.exists():
         shutil.rmtree(out_dir)
     path = write_profile(prof, out_dir, force=True)
@@ -219,6 +279,31 @@ def profile(
         info(f"profile{whose}: {len(prof.kernels_of(r))} ops/iteration, {len(prof.tensors_of(r))} tensors")
     info(f"written to {path}")
     print(path)
+
+
+def _profile_every_rank(world_size: int, out_dir: Path) -> None:
+    """Profile every rank of a fake job, one after another, each in a process of its own (a
+    process makes one process group), and write one profile of the job."""
+    from profiles import merge_ranks, read_profile
+
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parts = part_path(out_dir, 0).parent
+    try:
+        for r in range(world_size):
+            info(f"rank {r} of {world_size}: profiling it in a process of its own")
+            cmd = [sys.executable, "-m", "teraio", *argv[:cut], "--rank", str(r),
+                   "--out", str(part_path(out_dir, r).resolve()), "--force"]
+            done = subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False)
+            if done.returncode != 0:
+                fail(f"rank {r} of {world_size} failed (exit status {done.returncode}; its error is "
+                     "above); no profile written", done.returncode if done.returncode > 0 else 1)
+        prof = merge_ranks(gather(out_dir, world_size, read_profile))
+    except KeyboardInterrupt:
+        fail("interrupted; no profile written", 130)
+    finally:
+        shutil.rmtree(parts, ignore_errors=True)
+    _write(prof, out_dir)
 
 
 def _job_profile(prof: Any, out_dir: Path, rank: int, world_size: int) -> Any:
@@ -258,6 +343,33 @@ def _cost_model(gpu: str | None, precision: str | None) -> Any:
         fail(f"--gpu: {exc}")
     tf32 = PRECISIONS[precision][1] if precision in PRECISIONS else False
     return RooflineCostModel(device, tf32=tf32)
+
+
+def _job_config(train_cfg: Any, pipeline: int | None, schedule: str | None, fsdp: int | None,
+                rank: int | None) -> Any:
+    """The fake job of ``--pipeline``/``--fsdp`` (rank ``rank``, or 0 to check it), or None."""
+    from torch_patch.builtin_train import SCHEDULES, JobConfig
+    from torch_patch.models import CONFIGS
+
+    if pipeline is not None and fsdp is not None:
+        fail("give --pipeline N or --fsdp N, not both")
+    if schedule is not None and pipeline is None:
+        fail("--schedule applies to --pipeline N only (a pipeline's stages)")
+    if schedule is not None and schedule not in SCHEDULES:
+        fail(f"--schedule: unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
+    if pipeline is None and fsdp is None:
+        if rank is not None:
+            fail("--rank needs a job: --pipeline N or --fsdp N")
+        return None
+    size = pipeline if pipeline is not None else fsdp
+    assert size is not None
+    try:
+        job = JobConfig(parallelism="pipeline" if pipeline is not None else "fsdp", world_size=size,
+                        rank=rank or 0, schedule=schedule or "1f1b")
+        job.check(train_cfg, CONFIGS[train_cfg.model])
+    except ValueError as exc:
+        fail(f"{'--pipeline' if pipeline is not None else '--fsdp'}: {exc}")
+    return job
 
 
 def _train_config(model: str, batch: int | None, micro_batch: int | None, seq: int | None,

@@ -7,6 +7,9 @@ every other op counts as memory-bound. Bytes are the sizes of the op's tensor
 arguments (read) plus its outputs (written); an in-place op's tensor counts
 both ways. Views and allocations launch no kernel and cost nothing.
 
+A c10d op (a collective, a send or a receive) moves its bytes over the
+device's link to its peers instead: NOTE [ Collective time ].
+
 What this leaves out, on purpose: achieved (not peak) rates, cache reuse,
 kernel fusion, and overlap between ops. A fake profile's times are therefore
 a lower bound of a real step's, with the ops in the right proportion.
@@ -63,6 +66,42 @@ _EXTRA_FLOPS: dict[Any, Callable[..., int]] = {
 }
 
 
+# NOTE [ Collective time ]: a c10d op of a group of n ranks takes the time NCCL's ring
+# algorithms need at the device's link bandwidth (each way): a send or a receive moves its
+# tensors once; an all-reduce 2 (n - 1) / n of its tensors' bytes; an all-gather (n - 1) / n
+# of its output, a reduce-scatter of its input; a broadcast its tensors once. Waiting for the
+# peers is not in it: one rank's profile cannot know when they arrive (a job's iteration comes
+# from every rank's ops together). Other c10d ops (barriers) cost a launch.
+_RING_SHARE: dict[str, tuple[str, Callable[[int], float]]] = {  # op -> (argument, share of its bytes)
+    "send": ("tensors", lambda n: 1.0),
+    "recv_": ("tensors", lambda n: 1.0),
+    "broadcast_": ("tensors", lambda n: 1.0),
+    "allreduce_": ("tensors", lambda n: 2 * (n - 1) / n),
+    "allgather_": ("output_tensors", lambda n: (n - 1) / n),
+    "_allgather_base_": ("output_tensor", lambda n: (n - 1) / n),
+    "allgather_into_tensor_coalesced_": ("outputs", lambda n: (n - 1) / n),
+    "reduce_scatter_": ("input_tensors", lambda n: (n - 1) / n),
+    "_reduce_scatter_base_": ("input_tensor", lambda n: (n - 1) / n),
+    "reduce_scatter_tensor_coalesced_": ("inputs", lambda n: (n - 1) / n),
+}
+
+
+def _all_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return _tensor_bytes(value)
+    if isinstance(value, (list, tuple)):
+        return sum(_all_bytes(v) for v in value)
+    return 0
+
+
+def _group_size(func: Any, args: tuple[Any, ...]) -> int:
+    names = [a.name for a in func._schema.arguments]
+    if "process_group" not in names or names.index("process_group") >= len(args):
+        return 1
+    group = torch._C._distributed_c10d.ProcessGroup.unbox(args[names.index("process_group")])
+    return int(group.size())
+
+
 def _tensor_bytes(t: torch.Tensor) -> int:
     n = t.numel() * t.element_size()
     if n and not t.is_contiguous():  # expanded (stride 0) views read their storage once
@@ -99,11 +138,24 @@ class RooflineCostModel:
         extra = _EXTRA_FLOPS.get(packet)
         return extra(*args, **kwargs) if extra is not None else 0
 
+    def collective_us(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+        """Microseconds c10d op ``func`` takes: NOTE [ Collective time ]."""
+        rule = _RING_SHARE.get(func._schema.name.removeprefix("c10d::"))
+        if rule is None:
+            return self.launch_us
+        arg, share = rule
+        names = [a.name for a in func._schema.arguments]
+        value = kwargs.get(arg, args[names.index(arg)] if arg in names and names.index(arg) < len(args) else None)
+        n = _group_size(func, args)
+        return _all_bytes(value) * share(n) / self.device.link_bw_bytes_per_s * 1e6 + self.launch_us
+
     def op_us(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               inputs: list[torch.Tensor], out: Any) -> float:
         """Microseconds op ``func`` takes; ``inputs`` are its tensor arguments, ``out`` its result."""
         if func in _NO_KERNEL or func.is_view:
             return 0.0
+        if func.namespace == "c10d":
+            return self.collective_us(func, args, kwargs)
         nbytes = 0
         dtype = None
         for t in inputs:

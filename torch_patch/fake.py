@@ -37,6 +37,7 @@ from torch_patch.tracer import Tracer
 __all__ = ["FakeTracer"]
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 
 def _placeholder(dtype: torch.dtype) -> bool | int | float:
@@ -85,6 +86,13 @@ class FakeTracer(Tracer):
             out: Any = _placeholder(args[0].dtype)
         else:
             out = func(*args, **kwargs)
+        if func is _LIFT_FRESH and out is not args[0]:
+            # NOTE [ Fake constants ]: ``torch.tensor(3.0)`` makes a real tensor and lifts it
+            # with ``lift_fresh``, which in a real run returns it (one storage, first seen as
+            # the op's input) and in fake mode returns a fake copy (a second storage, the
+            # op's output). The copy takes the constant's id, so that the storages, and the
+            # ids of a fake profile, are a real run's (the AdamW step counters among them).
+            self.ids.move(args[0].untyped_storage(), out.untyped_storage())
         rec = self._rec
         if rec is not None:
             self._note_peer(rec, func, args)

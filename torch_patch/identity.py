@@ -56,6 +56,9 @@ def persistent_names(
     param_names: dict[int, str] = {}
 
     def add(name: str, kind: str, t: torch.Tensor) -> None:
+        local = getattr(t, "_local_tensor", None)  # a DTensor: NOTE [ DTensors ] in opstream
+        if isinstance(local, torch.Tensor):
+            t = local
         try:
             s = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
@@ -160,6 +163,18 @@ class StorageIds:
         tid = self._ids.get(key)
         self._free(key, ref)
         return tid
+
+    def move(self, old: torch.UntypedStorage, new: torch.UntypedStorage) -> None:
+        """Give ``old``'s id to ``new`` and forget ``old`` without a free (``on_free`` does not
+        run, now or when ``old`` dies): one storage of the op stream that is two objects here
+        (fake mode's copy of a constant, NOTE [ Fake constants ] in torch_patch.fake)."""
+        if self._pending:
+            self.drain()
+        key = id(old)
+        tid = self._ids.pop(key, None)
+        self._refs.pop(key, None)
+        if tid is not None:
+            self.assign(new, tid)
 
     def drain(self) -> None:
         """Apply the frees that happened on other threads (owning thread only)."""

@@ -168,18 +168,31 @@ class DecoderBlock(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Llama-style decoder; ``forward(tokens (b, t) int64) -> logits (b, t, vocab)``."""
+    """Llama-style decoder; ``forward(tokens (b, t) int64) -> logits (b, t, vocab)``.
+
+    With ``layers``, ``first`` and ``last`` it is one stage of a pipeline, as TorchTitan cuts
+    Llama: blocks ``layers`` (keyed by their index in the whole model, so parameter names
+    are the whole model's: ``layers.40.attention.wq.weight``), the token embeddings when
+    ``first`` (else the input is a hidden state (b, t, hidden)), the final norm and the
+    output projection when ``last`` (else the output is the hidden state). Every stage keeps
+    the rotary tables its blocks read."""
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
 
-    def __init__(self, cfg: DecoderConfig, max_seq: int) -> None:
+    def __init__(self, cfg: DecoderConfig, max_seq: int, layers: range | None = None,
+                 first: bool = True, last: bool = True) -> None:
         super().__init__()
+        if cfg.tie_embeddings and not (first and last):
+            raise ValueError("a decoder with tied embeddings cannot be cut into pipeline stages: "
+                             "its first and last stage would share one weight")
+        layers = range(cfg.num_layers) if layers is None else layers
         self.cfg = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden)
-        self.layers = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.output = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden) if first else None
+        self.layers = nn.ModuleDict({str(i): DecoderBlock(cfg) for i in layers})
+        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps) if last else None
+        self.output = None if cfg.tie_embeddings or not last else \
+            nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
         head_dim = cfg.hidden // cfg.num_heads
         inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
         angles = torch.outer(torch.arange(max_seq).float(), inv_freq).repeat(1, 2)
@@ -187,14 +200,18 @@ class Decoder(nn.Module):
         self.register_buffer("rope_cos", angles.cos()[:, None, :], persistent=False)
         self.register_buffer("rope_sin", angles.sin()[:, None, :], persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        t = tokens.shape[1]
-        x = self.tok_embeddings(tokens)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        if self.tok_embeddings is not None:
+            x = self.tok_embeddings(x)
         cos, sin = self.rope_cos[:t].to(x.dtype), self.rope_sin[:t].to(x.dtype)
-        for layer in self.layers:
+        for layer in self.layers.values():
             x = layer(x, cos, sin)
+        if self.norm is None:
+            return x
         x = self.norm(x)
         if self.output is None:
+            assert self.tok_embeddings is not None  # tied: a whole model (checked in __init__)
             return F.linear(x, self.tok_embeddings.weight)
         return self.output(x)
 

@@ -120,9 +120,11 @@ def _op_info(func: Any) -> OpInfo:
     # tensors) send through dispatch modes: no op, no data, not counted.
     skip = func.namespace in ("profiler", "prim")
     # c10d::send(tensors, process_group, int dst, int tag); c10d::recv_(..., int src, ...): ranks of
-    # the group, the job's own for the default group (sub-groups would need their global ranks).
+    # the op's group (torch 2.13's names; dstRank and srcRank before), which the tracer turns
+    # into the job's ranks (a sub-group's through its global ranks).
     point_to_point = func._schema.name in ("c10d::send", "c10d::recv_")
-    peer = next((i for i, a in enumerate(args) if a.name in ("dst", "src")), None) if point_to_point else None
+    peer = next((i for i, a in enumerate(args) if a.name in ("dst", "src", "dstRank", "srcRank")),
+                None) if point_to_point else None
     return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer)
 
 

@@ -56,6 +56,19 @@ def _job_store() -> Any:
     return dist.distributed_c10d._get_default_store()
 
 
+def _global_rank(func: Any, args: tuple[Any, ...], peer_arg: int) -> int:
+    """The job's rank of a point-to-point op's other end: its argument ``peer_arg`` is a rank
+    of the op's process group (a subgroup: a pipeline's, in a job of several dimensions)."""
+    import torch.distributed as dist
+
+    rank = int(args[peer_arg])
+    names = [a.name for a in func._schema.arguments]
+    if "process_group" not in names:
+        return rank
+    group = torch._C._distributed_c10d.ProcessGroup.unbox(args[names.index("process_group")])
+    return rank if group is dist.group.WORLD else dist.get_global_rank(group, rank)
+
+
 class IrregularIterations(TeraioError):
     """No ``iters`` recorded iterations were alike (NOTE [ Steady iterations ])."""
 
@@ -235,7 +248,7 @@ class Tracer(OpStream):
 
     def _note_peer(self, rec: _Iteration, func: Any, args: tuple[Any, ...]) -> None:
         peer_arg = self._infos[func].peer_arg
-        rec.peers.append(int(args[peer_arg]) if peer_arg is not None and peer_arg < len(args) else -1)
+        rec.peers.append(-1 if peer_arg is None or peer_arg >= len(args) else _global_rank(func, args, peer_arg))
 
     def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:

@@ -111,3 +111,58 @@ def test_help_names_every_device_and_model() -> None:
     text = " ".join(r.stdout.replace("│", " ").split())
     for name in [*DEVICES, *CONFIGS]:
         assert name in text
+
+
+LLAMA_TINY_SEQ = ["--fake", "--gpu", "h100", "--model", "llama3-8b", "--seq", "16"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([*LLAMA_TINY_SEQ, "--pipeline", "2", "--rank", "2", "--batch", "2"],
+     "--pipeline: rank 2 is not a rank of a job of 2 (0 to 1)"),
+    ([*LLAMA_TINY_SEQ, "--fsdp", "2", "--rank", "5", "--batch", "2"], "rank 5 is not a rank of a job of 2"),
+    ([*LLAMA_TINY_SEQ, "--schedule", "1f1b"], "--schedule applies to --pipeline N only"),
+    ([*LLAMA_TINY_SEQ, "--fsdp", "2", "--schedule", "zbv", "--batch", "2"], "--schedule applies to --pipeline N only"),
+    ([*LLAMA_TINY_SEQ, "--pipeline", "2", "--schedule", "gpipe"],
+     "--schedule: unknown schedule 'gpipe'; known: 1f1b, interleaved-1f1b, zbv"),
+    ([*LLAMA_TINY_SEQ, "--rank", "0"], "--rank needs a job: --pipeline N or --fsdp N"),
+    ([*LLAMA_TINY_SEQ, "--pipeline", "2", "--fsdp", "2"], "give --pipeline N or --fsdp N, not both"),
+    ([*LLAMA_TINY_SEQ, "--pipeline", "2"], "1 micro-batches (batch / micro-batch) are fewer than the 2 stages"),
+    ([*LLAMA_TINY_SEQ, "--fsdp", "2", "--batch", "3"], "batch 3 cannot be split evenly"),
+    (["--fake", "--gpu", "h100", "--model", "t5-11b", "--pipeline", "2", "--batch", "2"], "encoder-decoder"),
+    ([*LLAMA_TINY_SEQ, "--ddp", "2"], "--ddp: DDP cannot run in fake mode"),
+    ([*LLAMA_TINY_SEQ, "--pipeline", "2", "--nproc", "2", "--batch", "2"], "--nproc starts real processes"),
+    ([str(EXAMPLE), "--pipeline", "2"], "--pipeline apply to --fake --model"),
+])
+def test_bad_job_options_are_one_line_errors(args: list[str], message: str, tmp_path: Path) -> None:
+    r = run_teraio("profile", *args, "--out", tmp_path / "p")
+    assert r.returncode == 2, r.stderr
+    assert message in one_line_error(r.stderr)
+    assert not (tmp_path / "p").exists()
+
+
+def test_job_help_states_units_and_defaults() -> None:
+    r = run_teraio("profile", "--help")
+    text = " ".join(r.stdout.replace("│", " ").split())
+    for phrase in ["ranks (GPUs)", "Default: 1f1b", "Default: no job", "profile this rank only (0 to N - 1)",
+                   "at least as many as the stages"]:
+        assert phrase in text, phrase
+
+
+def test_fake_pipeline_job_is_one_profile_of_every_rank(tmp_path: Path) -> None:
+    """Both ranks of a 2-stage 1F1B job of Llama3-8B's real shapes (tiny sequence), each played
+    in a process of its own, in one profile that `teraio plan` predicts the job from."""
+    out = tmp_path / "job"
+    r = run_teraio("profile", *LLAMA_TINY_SEQ, "--pipeline", "2", "--batch", "2", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(out)
+    assert "rank 1 of 2: iteration 1 (recorded)" in r.stderr
+    assert not list(tmp_path.glob(".*"))  # the ranks' parts are swept
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["ranks"] == [0, 1] and meta["world_size"] == 2
+    job = meta["builtin_model"]["job"]
+    assert job == {"parallelism": "pipeline", "world_size": 2, "schedule": "1f1b", "num_stages": 2,
+                   "stages_of_rank": [[0], [1]], "stage_layers": [[0, 16], [16, 32]]}
+    assert meta["builtin_model"]["num_micro_batches"] == 2
+    plan = run_teraio("plan", out, "--gpu-mem", "80G", "--ssd-bw", "16", "--out", tmp_path / "plan")
+    assert plan.returncode == 0, plan.stderr
+    assert "per iteration predicted for all ranks together" in plan.stdout
