@@ -22,10 +22,17 @@ runtime itself adds):
   over making them again without it, per byte; the median of ``rounds``.
 
 All are measured, never assumed; ``python -m runtime.calibrate`` prints them.
+``cached_cpu_costs`` measures them once per machine, swap file system and
+torch version and keeps them for a week (``$XDG_CACHE_HOME/teraio/cpu-costs.json``;
+measuring takes 10-15 s, which every ``teraio plan`` of a CPU profile paid).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import socket
 import statistics
 import tempfile
 import time
@@ -39,7 +46,8 @@ from runtime.engine import Job, MigrationEngine
 from runtime.memory import trim
 from runtime.storage import byte_view, free_storage, realloc_storage
 
-__all__ = ["CpuCosts", "measure_copy_cost", "measure_cpu_costs", "measure_op_overhead", "measure_refault"]
+__all__ = ["CpuCosts", "cache_path", "cached_cpu_costs", "measure_copy_cost", "measure_cpu_costs",
+           "measure_op_overhead", "measure_refault"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,10 +194,49 @@ def measure_cpu_costs(swap_dir: str | Path | None = None) -> CpuCosts:
                     refault_s_per_byte=measure_refault())
 
 
+CACHE_DAYS = 7
+
+
+def cache_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "teraio" / "cpu-costs.json"
+
+
+def cached_cpu_costs(swap_dir: str | Path | None = None) -> tuple[CpuCosts, str]:
+    """``measure_cpu_costs`` once per machine, swap file system and torch version, kept for
+    ``CACHE_DAYS`` in ``cache_path()``; the figures and how they were had (for a message)."""
+    where = Path(swap_dir) if swap_dir is not None else Path(tempfile.gettempdir())
+    try:
+        dev = os.stat(where).st_dev
+    except OSError:
+        dev = -1
+    key = f"{socket.gethostname()}|{os.cpu_count()}|{torch.__version__}|{dev}"
+    path = cache_path()
+    try:
+        doc = json.loads(path.read_text())
+        entry = doc[key]
+        if time.time() - float(entry["measured_at"]) < CACHE_DAYS * 86400:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(entry["measured_at"])))
+            return CpuCosts(**entry["costs"]), f"measured on this machine {when}, kept in {path}; delete it " \
+                                               "to measure again"
+    except (OSError, ValueError, KeyError, TypeError):
+        doc = {}
+    costs = measure_cpu_costs(swap_dir)
+    if not isinstance(doc, dict):
+        doc = {}
+    doc[key] = {"measured_at": time.time(), "costs": dataclasses.asdict(costs)}
+    try:  # atomically: parallel plans may measure at once, and the last one's figures stay
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: measured again next time
+    return costs, f"measured on this machine now, kept in {path} for {CACHE_DAYS} days"
+
+
 def main() -> None:
     import argparse
-    import dataclasses
-    import json
 
     p = argparse.ArgumentParser(description="Measure what moving tensors costs the training on this CPU.")
     p.add_argument("--swap-dir", default=None, help="where the posix backend writes (default: the temp dir)")

@@ -118,16 +118,13 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
         costs[field] = value * unit
     if profile.meta.get("device_type") != "cpu" or len(costs) == len(options):
         return {field: costs.get(field, 0.0) for field in options}, None
-    from runtime import calibrate
+    from runtime.calibrate import cache_path, cached_cpu_costs
 
-    info("measuring what moving tensors costs the compute on this machine (the profile ran on the "
-         "CPU; --copy-cost, --op-overhead and --refault-cost give the figures instead)")
-    measure = {"copy_cost_s_per_byte": lambda: calibrate.measure_copy_cost(swap_dir),
-               "op_overhead_s": calibrate.measure_op_overhead, "refault_s_per_byte": calibrate.measure_refault}
-    for field in options:
-        if field not in costs:
-            costs[field] = measure[field]()
-    return costs, "measured here"
+    if not cache_path().exists():
+        info("measuring what moving tensors costs the compute on this machine, once (the profile ran "
+             "on the CPU; --copy-cost, --op-overhead and --refault-cost give the figures instead)")
+    measured, how = cached_cpu_costs(swap_dir)
+    return {field: costs.get(field, getattr(measured, field)) for field in options}, how
 
 
 def _pct(x: float) -> str:
@@ -279,9 +276,9 @@ def plan(
              "16 more plans; see `teraio roofline` for the whole curve).")] = False,
     copy_cost: Annotated[str, typer.Option(
         help="Compute time each byte moved takes from the training, in nanoseconds per byte: on a CPU the "
-             "cores that train also copy. auto: measured on this machine (a few seconds; plan on the "
-             "machine that trains) for a profile taken on the CPU, 0 for any other (a GPU copies "
-             "beside the compute).")] = "auto",
+             "cores that train also copy. auto: measured on this machine (10-15 s, then kept a week in "
+             "~/.cache/teraio/cpu-costs.json; plan on the machine that trains) for a profile taken on the "
+             "CPU, 0 for any other (a GPU copies beside the compute).")] = "auto",
     op_overhead: Annotated[str, typer.Option(
         help="Time `teraio run` adds to every op, in microseconds (its dispatch mode). auto: measured "
              "on this machine for a profile taken on the CPU, 0 for any other.")] = "auto",

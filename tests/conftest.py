@@ -16,13 +16,23 @@ SMALL_GPT = ["--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "32", "
              "--vocab", "128"]
 
 
-def run_teraio(*args: str | os.PathLike[str], cwd: Path | None = None,
-               timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run `python -m teraio ARGS` and capture its output."""
+def run_teraio(*args: str | os.PathLike[str], cwd: Path | None = None, timeout: float = 300,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m teraio ARGS` and capture its output (``env``: more environment)."""
     return subprocess.run(
         [sys.executable, "-m", "teraio", *map(str, args)],
         capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout,
+        env={**os.environ, **env} if env else None,
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests' own cache (``teraio plan``'s measured CPU costs, runtime.calibrate): measured
+    once per test process, never the user's."""
+    path = tmp_path_factory.mktemp("cache")
+    os.environ["XDG_CACHE_HOME"] = str(path)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -198,14 +198,23 @@ def test_bad_compute_costs_are_one_line_and_exit_2(synth: Path, option: str) -> 
         assert r.returncode == 2 and f"{option}: bad value" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_a_cpu_profile_measures_the_costs_here(tmp_path: Path) -> None:
-    """`auto` on a profile taken on the CPU runs the calibration (runtime.calibrate) on this machine."""
+def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
+    """`auto` on a profile taken on the CPU runs the calibration (runtime.calibrate) on this
+    machine once; the next plan reads its figures from the cache."""
     prof = synthetic_profile(4, 6, 3, seed=2)
     write_profile(dataclasses.replace(prof, meta={**prof.meta, "device_type": "cpu"}), tmp_path / "p")
-    r = run_teraio("plan", tmp_path / "p", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--no-compare",
-                   "--op-overhead", "20", "--out", tmp_path / "plan.json")
-    assert r.returncode == 0, r.stderr
-    assert "measuring what moving tensors costs the compute" in r.stderr and "measured here" in r.stderr
-    params = load_plan(tmp_path / "plan.json").parameters
-    assert params["op_overhead_s"] == pytest.approx(20e-6)  # given, not measured
-    assert params["copy_cost_s_per_byte"] >= 0 and params["refault_s_per_byte"] >= 0
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    plans = []
+    for i in range(2):
+        r = run_teraio("plan", tmp_path / "p", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--no-compare",
+                       "--op-overhead", "20", "--out", tmp_path / f"plan{i}.json", env=cache)
+        assert r.returncode == 0, r.stderr
+        plans.append(load_plan(tmp_path / f"plan{i}.json").parameters)
+        measuring = "measuring what moving tensors costs the compute" in r.stderr
+        assert measuring == (i == 0), r.stderr
+        assert ("measured on this machine now" if i == 0 else "delete it to measure again") in r.stderr
+    assert (tmp_path / "cache" / "teraio" / "cpu-costs.json").exists()
+    for params in plans:
+        assert params["op_overhead_s"] == pytest.approx(20e-6)  # given, not measured
+        assert params["copy_cost_s_per_byte"] >= 0 and params["refault_s_per_byte"] >= 0
+    assert plans[0]["copy_cost_s_per_byte"] == plans[1]["copy_cost_s_per_byte"]
