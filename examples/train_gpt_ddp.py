@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -54,6 +56,14 @@ def init_distributed() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
+def step_timer(on: bool) -> Callable[[float], str]:
+    """With ``on``, a function of a step's start time that gives `` time_ms T`` to append to the
+    step's line (``--timing``); without, one that gives nothing."""
+    if not on:
+        return lambda t0: ""
+    return lambda t0: f" time_ms {(time.perf_counter() - t0) * 1e3:.3f}"
+
+
 def local_rows(tokens: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     """This rank's contiguous slice of a global batch whose size ``world`` divides."""
     rows = tokens.shape[0] // world
@@ -73,6 +83,8 @@ def main() -> None:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0,
                    help="DDP gradient bucket size in MiB (DDP's default 25); smaller gives more "
                         "all-reduces per step")
+    p.add_argument("--timing", action="store_true",
+                   help="also print each step's wall time on the printing rank (time_ms, for bench/jobs.py)")
     p.add_argument("--save", help="rank 0 writes the final parameters here (torch.save of the GPT "
                                   "state dict)")
     args = p.parse_args()
@@ -87,7 +99,9 @@ def main() -> None:
         model = GPT(args.vocab, args.seq, args.layers, args.hidden, args.heads).to(device)
         ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
         opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+        took = step_timer(args.timing)
         for step in range(args.steps):
+            t0 = time.perf_counter()
             tokens = local_rows(batch(gen, args.vocab, args.batch, args.seq, "cpu"), rank, world)
             tokens = tokens.to(device)
             logits = ddp(tokens[:, :-1])
@@ -97,7 +111,7 @@ def main() -> None:
             opt.step()
             mean = global_mean(loss, world)
             if rank == 0:
-                print(f"step {step} loss {mean!r}", flush=True)
+                print(f"step {step} loss {mean!r}{took(t0)}", flush=True)
         if args.save and rank == 0:
             torch.save(model.state_dict(), args.save)
     finally:

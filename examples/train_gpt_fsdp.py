@@ -19,6 +19,7 @@ keys and shapes ``train_gpt.py --save`` writes. Nothing here knows about teraio.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -27,7 +28,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from train_gpt import GPT, batch
-from train_gpt_ddp import add_model_args, global_mean, init_distributed, local_rows
+from train_gpt_ddp import add_model_args, global_mean, init_distributed, local_rows, step_timer
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -43,6 +44,8 @@ def main() -> None:
                    help="keep each block's unsharded parameters from its forward to its backward "
                         "(ZeRO-2-like) instead of freeing them after the forward and gathering "
                         "them again")
+    p.add_argument("--timing", action="store_true",
+                   help="also print each step's wall time on the printing rank (time_ms, for bench/jobs.py)")
     p.add_argument("--save", help="rank 0 writes the full final parameters here (torch.save of the "
                                   "GPT state dict)")
     args = p.parse_args()
@@ -60,7 +63,9 @@ def main() -> None:
             fully_shard(block, mesh=mesh, reshard_after_forward=args.reshard)
         fully_shard(model, mesh=mesh, reshard_after_forward=args.reshard)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        took = step_timer(args.timing)
         for step in range(args.steps):
+            t0 = time.perf_counter()
             tokens = local_rows(batch(gen, args.vocab, args.batch, args.seq, "cpu"), rank, world)
             tokens = tokens.to(device)
             logits = model(tokens[:, :-1])
@@ -70,7 +75,7 @@ def main() -> None:
             opt.step()
             mean = global_mean(loss, world)
             if rank == 0:
-                print(f"step {step} loss {mean!r}", flush=True)
+                print(f"step {step} loss {mean!r}{took(t0)}", flush=True)
         if args.save:
             state = full_state_dict(model)
             if rank == 0:

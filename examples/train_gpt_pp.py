@@ -30,6 +30,7 @@ files is the whole model. Nothing here knows about teraio.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -44,7 +45,7 @@ from torch.distributed.pipelining import (
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 from torch.distributed.pipelining.stage import _PipelineStageBase
 from train_gpt import GPT, Block, batch
-from train_gpt_ddp import add_model_args, init_distributed
+from train_gpt_ddp import add_model_args, init_distributed, step_timer
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zbv")
 
@@ -90,6 +91,8 @@ def main() -> None:
     p.add_argument("--microbatches", type=int, default=4,
                    help="micro-batches per step; they split --batch, and zbv needs at least as "
                         "many as there are stages")
+    p.add_argument("--timing", action="store_true",
+                   help="also print each step's wall time on the printing rank (time_ms, for bench/jobs.py)")
     p.add_argument("--save", help="each rank writes its stages' final parameters to SAVE.rank{r}")
     args = p.parse_args()
     if args.hidden % args.heads:
@@ -134,7 +137,9 @@ def main() -> None:
         has_last = num_stages - 1 in mine
         params = [q for st in stages for q in st.submod.parameters()]
         opt = torch.optim.AdamW(params, lr=args.lr)
+        took = step_timer(args.timing)
         for step in range(args.steps):
+            t0 = time.perf_counter()
             tokens = batch(gen, args.vocab, args.batch, args.seq, "cpu").to(device)
             losses: list[torch.Tensor] = []
             opt.zero_grad(set_to_none=True)
@@ -145,7 +150,7 @@ def main() -> None:
                 schedule.step(*inputs_)
             opt.step()
             if has_last:
-                print(f"step {step} loss {torch.stack(losses).mean().item()!r}", flush=True)
+                print(f"step {step} loss {torch.stack(losses).mean().item()!r}{took(t0)}", flush=True)
         if args.save:
             state: dict[str, torch.Tensor] = {}
             for st in stages:
