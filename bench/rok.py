@@ -145,6 +145,11 @@ def measure_size(size: str, ex: list[str], work: Path, plan_args: list[str], rou
     for i, cfg in enumerate(configs):
         if cfg.budget_bytes is None:
             continue
+        least = ckpt_min if cfg.checkpoint else keep_min
+        if cfg.budget_bytes < least:  # no plan meets it: the smallest budget one meets, and say so
+            print(f"{size}: {cfg.name}: {cfg.budget_bytes / MIB:,.1f} MiB is below the smallest budget any plan "
+                  f"meets; planned at that, {least / MIB:,.1f} MiB")
+            cfg.budget_bytes = least
         cfg.plan = work / f"plan-{size}-{i}.json"
         sh(*teraio("plan", ckpt_prof if cfg.checkpoint else keep_prof, "--gpu-mem", str(cfg.budget_bytes),
                    *plan_args, "--no-compare", "--out", cfg.plan), quiet=True)
