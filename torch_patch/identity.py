@@ -155,13 +155,19 @@ class StorageIds:
 
     def release(self, storage: torch.UntypedStorage) -> int | None:
         """Forget ``storage`` as if it had been freed (``on_free`` runs), though the object lives
-        on: someone freed its memory in place. Used again, it is named anew. Its id, if any."""
+        on: someone freed its memory in place. Used again, it is named anew. Its id, if any.
+        On another thread (CUDA's autograd runs backward on a device thread, where FSDP2 frees
+        its unsharded parameters) the release is queued like a free (NOTE [ Frees on other
+        threads ])."""
         key = id(storage)
         ref = self._refs.get(key)
         if ref is None or ref() is not storage:
             return None
         tid = self._ids.get(key)
-        self._free(key, ref)
+        if threading.get_ident() != self._thread:
+            self._pending.append((key, ref))
+        else:
+            self._free(key, ref)
         return tid
 
     def move(self, old: torch.UntypedStorage, new: torch.UntypedStorage) -> None:

@@ -437,8 +437,8 @@ class OpStream(TorchDispatchMode):
         def resize_(storage: torch.UntypedStorage, nbytes: int) -> Any:
             stream.foreign_resized.add(storage)
             out = resize(storage, nbytes)
-            if nbytes == 0 and threading.get_ident() == stream._thread:
-                stream.ids.release(storage)
+            if nbytes == 0:
+                stream.ids.release(storage)  # queued when on another thread
             stream.on_foreign_resize(storage)
             return out
 
