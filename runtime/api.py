@@ -124,15 +124,19 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
         ended_by = exc
         raise
     finally:
-        with signals_held():  # as the exit's restore: keeping the bytes of what is still out
-            engine.close()
-            kept = _close_backends(executor, backends)
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
-        if report is not None:
-            write_report(report, executor, run_plan, time.perf_counter() - t0)
-        if kept is not None:
-            raise kept from ended_by
+        try:
+            # as the exit's restore: a signal waits until what is still out is kept, the report
+            # written and the error naming the kept files raised (then it carries that error)
+            with signals_held():
+                engine.close()
+                kept = _close_backends(executor, backends)
+                if report is not None:
+                    write_report(report, executor, run_plan, time.perf_counter() - t0)
+                if kept is not None:
+                    raise kept from ended_by
+        finally:
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
 
 
 def _close_backends(executor: PlanExecutor, backends: dict[str, Backend]) -> SwapKeptError | None:

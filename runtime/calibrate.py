@@ -36,6 +36,7 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,9 +203,11 @@ def cache_path() -> Path:
     return Path(base) / "teraio" / "cpu-costs.json"
 
 
-def cached_cpu_costs(swap_dir: str | Path | None = None) -> tuple[CpuCosts, str]:
+def cached_cpu_costs(swap_dir: str | Path | None = None,
+                     measuring: Callable[[], None] | None = None) -> tuple[CpuCosts, str]:
     """``measure_cpu_costs`` once per machine, swap file system and torch version, kept for
-    ``CACHE_DAYS`` in ``cache_path()``; the figures and how they were had (for a message)."""
+    ``CACHE_DAYS`` in ``cache_path()``; the figures and how they were had (for a message).
+    ``measuring`` is called before a measurement (to say that it takes a while)."""
     where = Path(swap_dir) if swap_dir is not None else Path(tempfile.gettempdir())
     try:
         dev = os.stat(where).st_dev
@@ -221,6 +224,8 @@ def cached_cpu_costs(swap_dir: str | Path | None = None) -> tuple[CpuCosts, str]
                                                "to measure again"
     except (OSError, ValueError, KeyError, TypeError):
         doc = {}
+    if measuring is not None:
+        measuring()
     costs = measure_cpu_costs(swap_dir)
     if not isinstance(doc, dict):
         doc = {}

@@ -61,7 +61,12 @@ def make_swap_dir(parent: str | os.PathLike[str] | None) -> Path:
     os.chmod(path, 0o700)
     # locked before it says so: a sweep reads an empty record as no record, and leaves it
     fd = os.open(path / OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # a file system without locks (NFS mounted nolock): judged by pid, as before
+        os.write(fd, (json.dumps(_owner()) + "\n").encode())
+        os.close(fd)
+        return path
     os.write(fd, (json.dumps({**_owner(), "locked": True}) + "\n").encode())
     _LOCKS[path] = fd
     return path
@@ -80,14 +85,18 @@ def remove_swap_dir(path: Path) -> None:
 
 
 def _lock_held(path: Path) -> bool:
-    """Whether some process holds the lock of ``path`` (an owner record)."""
+    """Whether some process holds the lock of ``path`` (an owner record). Opened for writing,
+    as NFS's emulation of flock needs for an exclusive lock; any doubt (an error other than
+    the lock being held elsewhere) counts as held, so the directory is left alone."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
         return False
+    except OSError:
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError:
         return True
     finally:
         os.close(fd)  # with our lock, if we took it
@@ -164,14 +173,16 @@ def keep_swap_dir(path: Path, files: list[dict[str, Any]]) -> Path:
     """Keep swap directory ``path`` with only ``files`` in it (dicts with a ``file`` name and
     what is known of the tensor), renamed ``teraio-kept-*``, with a ``kept.json`` manifest."""
     names = {str(f["file"]) for f in files}
-    _release(path)
     for entry in path.iterdir():
-        if entry.name not in names:
+        if entry.name not in names and entry.name != OWNER_FILE:
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
+    # still locked until it is a teraio-kept-* directory, which no sweep touches
     kept = path.with_name(KEPT_PREFIX + path.name.removeprefix(SWAP_PREFIX))
     path.rename(kept)
     (kept / KEPT_FILE).write_text(json.dumps({"owner": _owner(), "files": files}, indent=1) + "\n")
+    (kept / OWNER_FILE).unlink(missing_ok=True)
+    _release(path)
     return kept

@@ -118,12 +118,11 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
         costs[field] = value * unit
     if profile.meta.get("device_type") != "cpu" or len(costs) == len(options):
         return {field: costs.get(field, 0.0) for field in options}, None
-    from runtime.calibrate import cache_path, cached_cpu_costs
+    from runtime.calibrate import cached_cpu_costs
 
-    if not cache_path().exists():
-        info("measuring what moving tensors costs the compute on this machine, once (the profile ran "
-             "on the CPU; --copy-cost, --op-overhead and --refault-cost give the figures instead)")
-    measured, how = cached_cpu_costs(swap_dir)
+    measured, how = cached_cpu_costs(swap_dir, measuring=lambda: info(
+        "measuring what moving tensors costs the compute on this machine, once (the profile ran on the "
+        "CPU; --copy-cost, --op-overhead and --refault-cost give the figures instead)"))
     return {field: costs.get(field, getattr(measured, field)) for field in options}, how
 
 

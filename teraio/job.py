@@ -89,8 +89,10 @@ def launch(nproc: int, argv: list[str], after: Callable[[], None] | None = None)
 
 def part_path(out: Path, rank: int) -> Path:
     """Where rank ``rank`` of a job writes its part of ``out``: a directory of this job's own
-    (torchrun's run id, the same on every node), so that parts a killed job left are never
-    taken for this one's."""
+    (torchrun's run id, the same on every node), so that the parts a killed job left are not
+    taken for this one's. That holds where run ids differ from job to job: `--nproc N` and
+    `torchrun --standalone` make a new one each time; a multi-node job needs its own
+    ``--rdzv-id``. A killed job's directory stays (``.NAME.ranks-ID``), for the user to remove."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
     run = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id) or "none"
     return out.parent / f".{out.name}.ranks-{run}" / f"rank-{rank}{out.suffix}"

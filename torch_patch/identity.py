@@ -183,7 +183,9 @@ class StorageIds:
             self.assign(new, tid)
 
     def drain(self) -> None:
-        """Apply the frees that happened on other threads (owning thread only)."""
+        """Apply the frees that happened on other threads; on another thread, nothing."""
+        if threading.get_ident() != self._thread:
+            return
         while self._pending:
             self._free(*self._pending.popleft())
 

@@ -17,10 +17,14 @@ def test_a_release_on_another_thread_is_applied_on_the_owning_thread() -> None:
     ids.assign(kept, 1)
     ids.assign(other, 2)
     got: list[int | None] = []
-    worker = threading.Thread(target=lambda: got.append(ids.release(other)))
+    def off_thread() -> None:
+        got.append(ids.release(other))
+        got.append(ids.get(other))  # a lookup there applies nothing either
+
+    worker = threading.Thread(target=off_thread)
     worker.start()
     worker.join()
-    assert got == [2] and freed == []  # queued: nothing changes off the owning thread
+    assert got == [2, 2] and freed == []  # queued: nothing changes off the owning thread
     assert ids.get(kept) == 1  # the next lookup applies it
     assert freed == [2] and ids.get(other) is None and ids.storage(2) is None
     assert ids.release(kept) == 1 and freed == [2, 1]  # on the owning thread: at once
