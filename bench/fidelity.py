@@ -36,18 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quiet  # noqa: E402
 from demo import EXAMPLE, losses, sh, teraio  # noqa: E402
-from rok import machine  # noqa: E402
+from rok import MIB, SIZES, machine  # noqa: E402
 from run_overhead import steps  # noqa: E402
 
 from planner import problem_from_profile  # noqa: E402
 from planner.problem import resident_need_bytes  # noqa: E402
 from profiles import read_profile  # noqa: E402
-
-SIZES = {
-    "small": ["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "256", "--batch", "8"],
-    "wide": ["--layers", "2", "--hidden", "512", "--heads", "8", "--seq", "512", "--batch", "8"],
-}
-MIB = 2**20
 
 
 def main() -> None:
