@@ -595,7 +595,9 @@ class _Planner:
     # its 80 GiB were free). So, once the moves are chosen, each move in turn, the last chosen
     # first, keeps its bytes counted free only from the first op of its window where the plan
     # without them would go over capacity (its new deadline), and a move no op needs is dropped:
-    # its transfers moved bytes for nothing. Each step keeps the planned memory at or under
+    # its transfers moved bytes for nothing. A window that runs into the next iteration keeps
+    # its deadline in the iteration it started in (iteration 0's own plan has no next
+    # iteration; its ops wait only at deadlines, NOTE [ Room ] in runtime.executor). Each step keeps the planned memory at or under
     # capacity wherever it was, so the plan still fits; what the greedy left over capacity (a
     # budget it could not meet) stays as it was.
     def relax_deadlines(self) -> list[Move]:
@@ -623,16 +625,19 @@ class _Planner:
                 if len(tight):
                     need = off + lo + int(tight[0])
                     break
+            if first < n <= need < start:
+                need = n - 1  # not past the iteration it was in: iteration 0's plan has no next one
             for lo, hi, _ in self._pieces(first, need):
                 slack[lo:hi] -= size
             if need >= start:
                 keep[m] = False
             deadline[m] = need
-        out = []
-        for m in np.flatnonzero(keep).tolist():
-            mv = moves[m]
-            out.append(mv if deadline[m] == mv.offload_deadline else replace(mv, offload_deadline=int(deadline[m])))
-        return out
+        kept = np.flatnonzero(keep)
+        self.moves = [moves[m] if deadline[m] == moves[m].offload_deadline
+                      else replace(moves[m], offload_deadline=int(deadline[m])) for m in kept.tolist()]
+        self.spans = spans[kept].copy()
+        self.spans[:, 2] = deadline[kept]
+        return self.moves
 
 
 # Measured (BENCHMARKS.md, planner tolerance), with the lazy heap: against exact greedy, 0.1

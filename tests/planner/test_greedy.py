@@ -191,7 +191,12 @@ def test_deadlines_are_where_the_room_is_needed(share: float) -> None:
     for m in moves:
         assert m.offload_deadline >= by_period[m.period].offload_deadline
         assert m.prefetch_trigger == by_period[m.period].prefetch_trigger
-    assert _planned_memory(problem, moves).max() <= cap
-    for i in range(len(moves)):
+    before, after = _planned_memory(problem, chosen), _planned_memory(problem, moves)
+    assert (after <= np.maximum(before, cap)).all() and after.max() <= cap
+    n = problem.num_ops
+    for i, m in enumerate(moves):  # needed at its deadline (or kept in its own iteration), not for nothing
+        wrapped = m.offload_deadline == n - 1 < m.prefetch_trigger
+        assert after[m.offload_deadline % n] + m.size_bytes > cap or wrapped
         assert _planned_memory(problem, moves[:i] + moves[i + 1:]).max() > cap
+    assert any(m.offload_deadline > by_period[m.period].offload_deadline for m in moves)
     assert plan_rank(problem, hw(cap, bw=16 * GB)).sim.fits
