@@ -597,9 +597,9 @@ class _Planner:
     # without them would go over capacity (its new deadline), and a move no op needs is dropped:
     # its transfers moved bytes for nothing. A window that runs into the next iteration keeps
     # its deadline in the iteration it started in (iteration 0's own plan has no next
-    # iteration; its ops wait only at deadlines, NOTE [ Room ] in runtime.executor). Each step keeps the planned memory at or under
-    # capacity wherever it was, so the plan still fits; what the greedy left over capacity (a
-    # budget it could not meet) stays as it was.
+    # iteration; its ops wait only at deadlines, NOTE [ Room ] in runtime.executor). Each step
+    # keeps the planned memory at or under capacity wherever it was, so the plan still fits;
+    # what the greedy left over capacity (a budget it could not meet) stays as it was.
     def relax_deadlines(self) -> list[Move]:
         """The moves with each offload's deadline at the first op that needs its room, and those
         no op needs left out (NOTE [ Deadlines where memory is needed ]), in priority order."""
