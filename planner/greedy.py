@@ -584,7 +584,6 @@ class _Planner:
                 self.moves[m] = replace(mv, offload_deadline=first,
                                         prefetch_trigger=start if mv.reads_back else mv.end_op)
 
-
     # NOTE [ Deadlines where memory is needed ]: a move's offload deadline is where the
     # greedy first counted its bytes free (``first``), and the simulator and the runtime make
     # the op there wait until the write is done. The greedy frees more than capacity needs at
