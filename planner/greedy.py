@@ -75,7 +75,7 @@ import numpy as np
 from planner.channels import Channel
 from planner.excess import Excess, OverLedger
 from planner.hardware import Hardware
-from planner.problem import PlanProblem, check_capacity
+from planner.problem import PlanProblem, check_capacity, cyclic_add
 
 __all__ = ["DEFAULT_TOLERANCE", "Move", "plan_greedy"]
 
@@ -607,13 +607,10 @@ class _Planner:
             return moves
         spans = self.spans[:len(moves)]
         sizes = np.array([mv.size_bytes for mv in moves], np.float64)
-        freed = np.zeros(n + 1)
-        for m in range(len(moves)):
-            for lo, hi in self._segments(int(spans[m, 2]), int(spans[m, 3])):
-                freed[lo] += sizes[m]
-                freed[hi] -= sizes[m]
+        freed = np.zeros(n)
+        cyclic_add(freed, spans[:, 2], np.maximum(spans[:, 3], spans[:, 2]), sizes)
         # slack[k]: bytes op k could still take with every move's bytes free over its window
-        slack = float(self.hw.gpu_mem_bytes) - (self.p.memory_bytes - np.cumsum(freed[:n]))
+        slack = float(self.hw.gpu_mem_bytes) - (self.p.memory_bytes - freed)
         keep = np.ones(len(moves), bool)
         deadline = spans[:, 2].copy()
         for m in range(len(moves) - 1, -1, -1):
