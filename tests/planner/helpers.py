@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from planner import Hardware
+from planner.make import RankPlan
+from planner.simulate import simulate
 from profiles import Profile
 
 
@@ -27,3 +30,13 @@ def make_profile(durations: list[float], tensors: list[dict], accesses: list[tup
     accs = pd.DataFrame({"rank": 0, "iteration": 1, "op_index": [a[0] for a in accesses],
                          "tensor_id": [a[1] for a in accesses], "access": "read"})
     return Profile(meta={"signature": "test"}, kernels=kernels, tensors=pd.DataFrame(rows), accesses=accs)
+
+
+def assert_simulates_its_moves(result: RankPlan, hw: Hardware) -> None:
+    """The prediction a plan reports is the simulation of the moves it returns."""
+    again = simulate(result.problem, result.moves, hw.channel_bw(), hw.gpu_mem_bytes,
+                     copy_cost_s_per_byte=hw.copy_cost_s_per_byte, op_overhead_s=hw.op_overhead_s,
+                     refault_s_per_byte=hw.refault_s_per_byte)
+    assert again.iteration_us == result.sim.iteration_us and again.peak_bytes == result.sim.peak_bytes
+    assert again.waited_prefetches == result.sim.waited_prefetches
+    assert again.waited_offloads == result.sim.waited_offloads

@@ -17,6 +17,7 @@ from planner.make import settle_urgency
 from planner.pace import paced_durations
 from planner.simulate import simulate
 from profiles.synthetic import synthetic_profile
+from tests.planner.helpers import assert_simulates_its_moves
 from tests.planner.test_bound import two_phase_profile
 from tests.planner.test_properties import SETTINGS, cases
 
@@ -62,7 +63,7 @@ def test_plan_rank_keeps_the_fastest_clock() -> None:
         plans.append(plan_greedy(replace(problem, duration_us=durations), h))
         times.append(simulate(problem, plans[-1], h.channel_bw(), h.gpu_mem_bytes).iteration_us)
     best = plan_rank(problem, h, margins=(0.0, 0.25))
-    settled = settle_urgency(problem, plans[int(np.argmin(times))], h.channel_bw(), h.gpu_mem_bytes)[1]
+    settled = settle_urgency(problem, plans[int(np.argmin(times))], h.channel_bw(), h.gpu_mem_bytes).sim
     assert best.sim.fits and best.sim.iteration_us == pytest.approx(settled.iteration_us)
     assert best.problem is problem  # simulated on the ops' own durations
     assert len(set(times)) == 3  # the clocks made different plans
@@ -74,7 +75,8 @@ def test_paced_plans_fit_and_wait_only_on_urgent_transfers(case: tuple, margin: 
     _, problem, h = case
     result = plan_rank(problem, h, margins=(margin,))
     assert result.sim.fits
-    for i, mv in enumerate(result.moves):
+    assert_simulates_its_moves(result, h)
+    for i, mv in enumerate(result.moves if result.settled else ()):
         if i in result.sim.waited_prefetches:
             assert mv.urgent_prefetch
         if i in result.sim.waited_offloads:

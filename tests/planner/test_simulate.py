@@ -128,8 +128,8 @@ def test_plan_rank_charges_the_hardware_costs() -> None:
     rank_plan = plan_rank(problem, cpu)
     assert rank_plan.moves and rank_plan.sim.copy_charge_us > 0
     assert rank_plan.sim.op_overhead_us == pytest.approx(40.0)
-    _, again = settle_urgency(problem, rank_plan.moves, cpu.channel_bw(), cpu.gpu_mem_bytes,
-                              copy_cost_s_per_byte=1e-10, op_overhead_s=1e-5, refault_s_per_byte=1e-10)
+    again = settle_urgency(problem, rank_plan.moves, cpu.channel_bw(), cpu.gpu_mem_bytes,
+                           copy_cost_s_per_byte=1e-10, op_overhead_s=1e-5, refault_s_per_byte=1e-10).sim
     assert again.iteration_us == pytest.approx(rank_plan.sim.iteration_us)
     assert again.iteration_us == pytest.approx(again.ideal_iteration_us + again.stall_us + again.copy_charge_us
                                                + again.op_overhead_us + again.refault_us)
