@@ -35,6 +35,7 @@ import sys
 import threading
 import warnings
 import weakref
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,7 @@ from torch_patch.identity import (
     long_id,
     persistent_names,
     produced_id,
+    signals_outside_callbacks,
 )
 
 __all__ = ["OpInfo", "OpStream", "active_stream", "mark_iteration"]
@@ -153,6 +155,7 @@ class OpStream(TorchDispatchMode):
         self._handles: list[Any] = []
         self._patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
         self._warning_filters: warnings.catch_warnings[None] | None = None
+        self._signals: AbstractContextManager[None] | None = None  # NOTE [ Signals in free callbacks ]
         self._thread = threading.get_ident()
 
     # ---- hooks for subclasses -------------------------------------------------
@@ -398,6 +401,8 @@ class OpStream(TorchDispatchMode):
         self._warning_filters = warnings.catch_warnings()
         self._warning_filters.__enter__()
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+        self._signals = signals_outside_callbacks()
+        self._signals.__enter__()
         _ACTIVE.append(self)
         return super().__enter__()
 
@@ -477,3 +482,6 @@ class OpStream(TorchDispatchMode):
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._signals is not None:
+            self._signals.__exit__(None, None, None)
+            self._signals = None

@@ -3,11 +3,14 @@ and applied on the owning thread (NOTE [ Frees on other threads ])."""
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 
+import pytest
 import torch
 
-from torch_patch.identity import StorageIds
+from torch_patch.identity import StorageIds, signals_outside_callbacks
 
 
 def test_a_release_on_another_thread_is_applied_on_the_owning_thread() -> None:
@@ -28,3 +31,36 @@ def test_a_release_on_another_thread_is_applied_on_the_owning_thread() -> None:
     assert ids.get(kept) == 1  # the next lookup applies it
     assert freed == [2] and ids.get(other) is None and ids.storage(2) is None
     assert ids.release(kept) == 1 and freed == [2, 1]  # on the owning thread: at once
+
+
+def test_a_ctrl_c_that_lands_in_a_free_callback_is_not_lost() -> None:
+    """A signal's handler can run inside the weak-reference callback of a free, where its
+    exception would be dropped; it acts once the callback returns (NOTE [ Signals in free
+    callbacks ]), and the free's bookkeeping is whole."""
+    freed: list[int] = []
+
+    def on_free(tid: int) -> None:
+        signal.raise_signal(signal.SIGINT)  # the handler runs at the next boundary: in here
+        freed.append(tid)
+
+    ids = StorageIds(on_free=on_free)
+    storage = torch.ones(4).untyped_storage()
+    ids.assign(storage, 7)
+    waited = -1.0
+    with signals_outside_callbacks(), pytest.raises(KeyboardInterrupt):
+        del storage  # the callback runs here; the interrupt comes right after it
+        t0 = time.monotonic()
+        while (waited := time.monotonic() - t0) < 10:
+            time.sleep(0.001)
+    assert freed == [7] and ids.storage(7) is None
+    assert 0 <= waited < 5
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_without_the_wrapper_that_interrupt_is_dropped() -> None:
+    """What NOTE [ Signals in free callbacks ] guards against, so the test above can fail."""
+    ids = StorageIds(on_free=lambda tid: signal.raise_signal(signal.SIGINT))
+    storage = torch.ones(4).untyped_storage()
+    ids.assign(storage, 7)
+    del storage  # the KeyboardInterrupt is raised in the callback and dropped
+    assert ids.storage(7) is None
