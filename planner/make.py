@@ -38,9 +38,9 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
     """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
 
     Marking only adds urgency. Urgent transfers are served first, which can make
-    other ones late, and the marking need not settle: Llama3-70B at batch 1 with
-    host memory still marked 6-40 more transfers a round after 44 rounds, its
-    prediction moving within 1%. After ``max_rounds`` it stops. The simulation
+    other ones late, and the marking need not settle: for Llama3-70B at batch 1
+    with host memory, each of 44 rounds marked 6 or more transfers, and the
+    prediction moved within 1%. After ``max_rounds`` it stops. The simulation
     returned is always of the moves returned (it was of the marking before the
     last one, 0.3% off there); where the marking did not settle (``settled``
     false), an op in it can wait on a transfer that is not urgent, and the
