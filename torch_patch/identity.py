@@ -10,7 +10,6 @@ the storage lives, and a weak reference tells us when it is freed.
 
 from __future__ import annotations
 
-import _thread
 import functools
 import signal
 import sys
@@ -221,10 +220,12 @@ class StorageIds:
 # 25 lost without what follows, 0 of 25 with it, alternated in one run.
 #
 # While an op stream is active, the SIGINT and SIGTERM handlers are wrapped: a signal that
-# lands inside a free callback is delivered again 10 ms later (``_thread.interrupt_main`` from
-# a timer thread; from the handler itself it would run the handler again at once, still inside
-# the callback), and again while the callback lasts, so the handler acts after the callback
-# returns, where its exception propagates.
+# lands inside a free callback (as the handler's own caller shows, not the frame it is given,
+# which ``runtime.executor.signals_held`` replays later) is sent again to the main thread 10 ms
+# later (``signal.pthread_kill`` from a timer thread; sent from the handler itself it would
+# run the handler again at once, still inside the callback), and again while the callback
+# lasts. A real signal, not ``_thread.interrupt_main``: it interrupts a blocking wait, and the
+# handler in force by then acts, the default action included.
 _CALLBACK_CODES = frozenset({StorageIds._freed.__code__, StorageIds._free.__code__})
 _REDELIVER_S = 0.01
 
@@ -241,25 +242,31 @@ def _in_callback(frame: FrameType | None) -> bool:
 def signals_outside_callbacks() -> Iterator[None]:
     """Python-level SIGINT and SIGTERM handlers act outside free callbacks (NOTE [ Signals in
     free callbacks ]). Main thread only; elsewhere, and for a handler that is not Python's, a
-    no-op."""
-    wrapped: dict[signal.Signals, Any] = {}
+    no-op. At exit a handler is restored only where the wrapper is still in place (one the body
+    installed stays)."""
+    wrapped: dict[signal.Signals, tuple[Any, Any]] = {}
     if threading.current_thread() is threading.main_thread() and sys.platform != "win32":
         for sig in (signal.SIGINT, signal.SIGTERM):
             handler = signal.getsignal(sig)
             if callable(handler):
-                wrapped[sig] = handler
-                signal.signal(sig, _deferring(handler))
+                wrapper = _deferring(handler)
+                wrapped[sig] = (handler, wrapper)
+                signal.signal(sig, wrapper)
     try:
         yield
     finally:
-        for sig, original in wrapped.items():
-            signal.signal(sig, original)
+        for sig, (original, wrapper) in wrapped.items():
+            if signal.getsignal(sig) is wrapper:
+                signal.signal(sig, original)
 
 
 def _deferring(handler: Callable[[int, FrameType | None], Any]) -> Callable[[int, FrameType | None], Any]:
+    main = threading.main_thread().ident
+    assert main is not None
+
     def deferring(signum: int, frame: FrameType | None) -> Any:
-        if _in_callback(frame):
-            timer = threading.Timer(_REDELIVER_S, _thread.interrupt_main, (signum,))
+        if _in_callback(sys._getframe(1)):
+            timer = threading.Timer(_REDELIVER_S, signal.pthread_kill, (main, signum))
             timer.daemon = True
             timer.start()
             return None

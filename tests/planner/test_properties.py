@@ -60,10 +60,8 @@ def test_prefetches_are_on_time_or_urgent_with_the_stall_counted(case: tuple) ->
     assert_simulates_its_moves(result, hw)
     sim, n = result.sim, problem.num_ops
     for i, mv in enumerate(result.moves):
-        if i in sim.waited_prefetches:
-            assert (mv.urgent_prefetch or not result.settled) and sim.stall_us > 0
-        if i in sim.waited_offloads:
-            assert (mv.urgent_offload or not result.settled) and sim.stall_us > 0
+        if i in sim.waited_prefetches or i in sim.waited_offloads:
+            assert sim.stall_us > 0  # urgency: test_simulate's test of ``settled``
         if not result.settled:
             continue
         same_iteration = mv.prefetch_trigger // n == mv.prefetch_deadline // n

@@ -8,10 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planner import Hardware, plan_rank, problem_from_profile
-from planner.greedy import Move
+from planner.greedy import Move, plan_greedy
 from planner.make import settle_urgency
+from planner.problem import resident_need_bytes
 from planner.simulate import simulate
-from tests.planner.helpers import make_profile
+from profiles.synthetic import synthetic_profile
+from tests.planner.helpers import assert_simulates_its_moves, make_profile
 from tests.planner.test_properties import SETTINGS, cases
 
 BW = {"ssd_write": 1e9, "ssd_read": 1e9, "host_write": 1e9, "host_read": 1e9}  # 1e9 B/s: 1 MB per ms
@@ -133,3 +135,24 @@ def test_plan_rank_charges_the_hardware_costs() -> None:
     assert again.iteration_us == pytest.approx(rank_plan.sim.iteration_us)
     assert again.iteration_us == pytest.approx(again.ideal_iteration_us + again.stall_us + again.copy_charge_us
                                                + again.op_overhead_us + again.refault_us)
+
+
+def test_urgency_marking_reports_the_moves_it_returns_settled_or_not() -> None:
+    """Out of rounds, the prediction is still of the moves returned, and ``settled`` says an op
+    may wait on a transfer not marked; given rounds enough, every waited transfer is urgent."""
+    profile = synthetic_profile(2, 4, 2, num_extra=2, seed=0, activation_bytes=16 << 20,
+                                param_bytes=16 << 20, op_us=50.0)
+    problem = problem_from_profile(profile)
+    need, peak = int(resident_need_bytes(problem).max()), int(problem.memory_bytes.max())
+    hw = Hardware(gpu_mem_bytes=int(need + 0.3 * (peak - need)), ssd_read_bw_bytes_per_s=1e9,
+                  ssd_write_bw_bytes_per_s=1e9)
+    moves = plan_greedy(problem, hw)
+    cut = settle_urgency(problem, moves, hw.channel_bw(), hw.gpu_mem_bytes, max_rounds=0)
+    full = settle_urgency(problem, moves, hw.channel_bw(), hw.gpu_mem_bytes, max_rounds=20)
+    assert not cut.settled and full.settled
+    for result in (cut, full):
+        assert_simulates_its_moves(result, hw)
+    assert not all(cut.moves[i].urgent_prefetch for i in cut.sim.waited_prefetches) or not all(
+        cut.moves[i].urgent_offload for i in cut.sim.waited_offloads)
+    assert all(full.moves[i].urgent_prefetch for i in full.sim.waited_prefetches)
+    assert all(full.moves[i].urgent_offload for i in full.sim.waited_offloads)
