@@ -56,14 +56,14 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
 
     current = tuple(moves)
     sim = sim_of(current)
-    for _ in range(max_rounds + 1):
+    for round_ in range(max_rounds + 1):
         marked = tuple(
             mv.with_urgency(i in sim.waited_offloads, i in sim.waited_prefetches)
             for i, mv in enumerate(current)
         )
         if marked == current:
             return RankPlan(problem, current, sim)
-        if _ == max_rounds:
+        if round_ == max_rounds:
             break
         current = marked
         sim = sim_of(current)

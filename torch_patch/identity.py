@@ -34,10 +34,10 @@ __all__ = [
     "PersistentName",
     "StorageIds",
     "input_id",
-    "signals_outside_callbacks",
     "long_id",
     "persistent_names",
     "produced_id",
+    "signals_outside_callbacks",
 ]
 
 
