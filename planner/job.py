@@ -7,8 +7,10 @@ ops of one iteration in one directed acyclic graph (networkx) and takes its
 longest path: the job's iteration time and the ops that set it.
 
 NOTE [ The job graph ]: the nodes are the ops, ``(rank, op_index)``, each
-weighted with its own time (below) plus the stall the rank's simulation had
-before it (``SimResult.stall_us_before``); edges follow each rank's program
+weighted with its own time (below), what the rank's simulation added to it
+(``charge_us``: copies on the compute and the runtime's per-op cost, NOTE [
+Copies on the compute ] in ``planner.simulate``) and the stall the simulation
+had before it (``SimResult.stall_us_before``); edges follow each rank's program
 order. A node ends at the latest end of its predecessors plus its weight, and
 every rank starts the iteration at 0 (the iteration boundary lines the ranks
 up). Communication adds *join* nodes of weight 0:
@@ -52,7 +54,8 @@ wait plus the transfer, and the one that arrived last waited least, so the
 least duration is the closest bound on the transfer that the profile holds,
 and no wait is in it. The graph then supplies each wait once, from the
 dependencies. Each participant's node carries that transfer time (plus its own
-stall), so a profile measured with the waits inside the ops and one measured
+charge and stall: a rank's copy cost owed at a communication op was its own,
+and taking a peer's smaller figure would drop it), so a profile measured with the waits inside the ops and one measured
 without them predict the same job (tested).
 
 NOTE [ The critical rank ]: the longest path's time is split among the ranks
@@ -100,11 +103,16 @@ class RankOps:
     duration_us: np.ndarray  # (num_ops,) float64: each op's own time (the profiled one)
     peer: np.ndarray  # (num_ops,) int64: the other rank of a send or recv, -1 otherwise
     stall_us: np.ndarray  # (num_ops,) float64: how long the rank waited before each op
+    # (num_ops,) float64: what the rank's plan added to each op's own time (copies on the compute,
+    # the runtime's per-op cost); the rank's own even where peers share the op's time. None: nothing.
+    charge_us: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.op_names)
         if not len(self.duration_us) == len(self.peer) == len(self.stall_us) == n:
             raise ValueError(f"rank {self.rank}: op_names, duration_us, peer and stall_us differ in length")
+        if self.charge_us is not None and len(self.charge_us) != n:
+            raise ValueError(f"rank {self.rank}: charge_us has {len(self.charge_us)} entries for {n} ops")
 
     @property
     def num_ops(self) -> int:
@@ -119,8 +127,9 @@ def rank_ops(problem: PlanProblem, sim: SimResult | None = None) -> RankOps:
     if sim is None:
         return RankOps(problem.rank, problem.op_names, np.asarray(problem.duration_us, np.float64), peer,
                        np.zeros(n))
-    return RankOps(problem.rank, problem.op_names, sim.op_run_us, peer,
-                   np.asarray(sim.stall_us_before, np.float64))
+    duration = np.asarray(problem.duration_us, np.float64)
+    return RankOps(problem.rank, problem.op_names, duration, peer, np.asarray(sim.stall_us_before, np.float64),
+                   sim.op_run_us - duration)
 
 
 def rank_ops_from_kernels(rank: int, kernels: Any) -> RankOps:
@@ -214,21 +223,22 @@ def _collectives(ranks: Mapping[int, RankOps]) -> list[dict[int, int]]:
 
 def job_graph(ranks: Mapping[int, RankOps]) -> nx.DiGraph:
     """The DAG of NOTE [ The job graph ]: op nodes ``(rank, op_index)`` with ``rank``, ``own_us``
-    (duration, or transfer time for communication: NOTE [ Waits in measured communication ])
-    and ``stall_us``; join nodes ``("p2p", src, dst, k)`` and ``("collective", k)`` with
+    (duration, or transfer time for communication: NOTE [ Waits in measured communication ]),
+    ``charge_us`` and ``stall_us``; join nodes ``("p2p", src, dst, k)`` and ``("collective", k)`` with
     ``rank`` None and no time. Raises ``JobGraphError`` when the ranks do not fit together."""
     g = nx.DiGraph()
     for r in sorted(ranks):
         ops = ranks[r]
-        g.add_nodes_from(((r, k), {"rank": r, "own_us": float(ops.duration_us[k]), "stall_us": float(ops.stall_us[k])})
-                         for k in range(ops.num_ops))
+        charge = np.zeros(ops.num_ops) if ops.charge_us is None else ops.charge_us
+        g.add_nodes_from(((r, k), {"rank": r, "own_us": float(ops.duration_us[k]), "charge_us": float(charge[k]),
+                                   "stall_us": float(ops.stall_us[k])}) for k in range(ops.num_ops))
         g.add_edges_from(((r, k), (r, k + 1)) for k in range(ops.num_ops - 1))
 
     def join(node: tuple[Any, ...], members: list[tuple[int, int]], waiting: list[tuple[int, int]]) -> None:
         transfer_us = min(g.nodes[v]["own_us"] for v in members)
         for v in members:
             g.nodes[v]["own_us"] = transfer_us
-        g.add_node(node, rank=None, own_us=0.0, stall_us=0.0)
+        g.add_node(node, rank=None, own_us=0.0, charge_us=0.0, stall_us=0.0)
         g.add_edges_from((v, node) for v in members)
         g.add_edges_from((node, (r, k + 1)) for r, k in waiting if k + 1 < ranks[r].num_ops)
 
@@ -251,7 +261,7 @@ def _preference(node: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def predict_job(ranks: Mapping[int, RankOps], include_stalls: bool = True) -> JobPrediction:
     """The job's iteration: the longest path of ``job_graph(ranks)``; without ``include_stalls``,
-    the same graph with no stalls (the job with infinite memory)."""
+    the same graph with no stalls or charges (the job with infinite memory)."""
     if not ranks:
         raise ValueError("predict_job needs at least one rank")
     g = job_graph(ranks)
@@ -262,7 +272,8 @@ def predict_job(ranks: Mapping[int, RankOps], include_stalls: bool = True) -> Jo
         where = ", ".join(_where(ranks[r], k) for r, k in sorted(cycle)[:4])
         raise JobGraphError(f"the ranks' sends, receives and collectives wait on each other in a cycle "
                             f"(through {where}): the job as profiled could never finish; {_AGAIN}") from None
-    weight = {v: d["own_us"] + (d["stall_us"] if include_stalls else 0.0) for v, d in g.nodes(data=True)}
+    weight = {v: d["own_us"] + (d["charge_us"] + d["stall_us"] if include_stalls else 0.0)
+              for v, d in g.nodes(data=True)}
     end: dict[Any, float] = {}
     via: dict[Any, Any] = {}
     for v in order:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -191,6 +192,18 @@ def test_data_parallel_allreduce_is_the_latest_prefix_plus_the_rest() -> None:
     assert job.op_end_us[0][2] == job.op_end_us[1][2] == pytest.approx(max(prefix.values()) + transfer)
     assert job.wait_us_by_rank[0] == pytest.approx(prefix[1] - prefix[0])
     assert job.critical_rank == 1
+
+
+def test_a_ranks_charge_at_a_collective_stays_its_own() -> None:
+    """What a rank's plan adds to an op (copies on the compute) is the rank's own: at a collective,
+    whose own time is the least of its members', rank 0's 50 us charge is not dropped for rank 1's
+    none (it was before: the charge was part of the op's time, and the least was taken)."""
+    spec = [("aten.mm", 40.0), (ALLREDUCE, 30.0), ("aten.mm", 20.0)]
+    charged = dataclasses.replace(ops(0, spec), charge_us=np.array([0.0, 50.0, 0.0]))
+    job = predict_job({0: charged, 1: ops(1, spec)})
+    assert job.op_end_us[0][1] == job.op_end_us[1][1] == pytest.approx(40 + 30 + 50.0)
+    assert job.iteration_us == pytest.approx(40 + 30 + 50 + 20.0)
+    assert predict_job({0: charged, 1: ops(1, spec)}, include_stalls=False).iteration_us == pytest.approx(90.0)
 
 
 @pytest.mark.parametrize("seed", range(4))
