@@ -84,11 +84,12 @@ __all__ = ["DEFAULT_TOLERANCE", "Move", "plan_greedy"]
 class Move:
     """One planned inactive period: its offload and its prefetch, on the unrolled op axis.
 
-    An offload starts before op ``offload_trigger`` and must be complete
-    before op ``offload_deadline`` (-1: no deadline; its memory is counted
-    free only once it is complete). A prefetch starts before op
-    ``prefetch_trigger`` (its memory is counted from then) and must be complete
-    before op ``prefetch_deadline``, the next use. Channels serve transfers by
+    An offload starts before op ``offload_trigger``; the greedy counts its
+    memory free from op ``offload_deadline`` on (-1: none), and an op waits
+    for it only when it needs the room (NOTE [ Room ] in ``runtime.executor``).
+    A prefetch starts before op ``prefetch_trigger`` (its memory is counted
+    from then) and must be complete before op ``prefetch_deadline``, the next
+    use. Channels serve transfers by
     ``priority`` (lower first), urgent ones before all others.
 
     A move of a trailing period (``reads_back`` false) has no prefetch: the
@@ -585,20 +586,20 @@ class _Planner:
                                         prefetch_trigger=start if mv.reads_back else mv.end_op)
 
     # NOTE [ Deadlines where memory is needed ]: a move's offload deadline is where the
-    # greedy first counted its bytes free (``first``), and the simulator and the runtime make
-    # the op there wait until the write is done. The greedy frees more than capacity needs at
-    # many ops: an early choice's bytes are counted free over its whole window, and later
-    # choices, their windows placed by the bandwidth left, free the same ops again. An op that
-    # waits for a write whose room nothing needs is a stall for nothing (Llama3-8B at batch 16
-    # with the SSD alone: a forward op waited 0.27 s, every micro-batch, for a write while 40 of
-    # its 80 GiB were free). So, once the moves are chosen, each move in turn, the last chosen
-    # first, keeps its bytes counted free only from the first op of its window where the plan
-    # without them would go over capacity (its new deadline), and a move no op needs is dropped:
-    # its transfers moved bytes for nothing. A window that runs into the next iteration keeps
-    # its deadline in the iteration it started in (iteration 0's own plan has no next
-    # iteration; its ops wait only at deadlines, NOTE [ Room ] in runtime.executor). Each step
-    # keeps the planned memory at or under capacity wherever it was, so the plan still fits;
-    # what the greedy left over capacity (a budget it could not meet) stays as it was.
+    # greedy first counted its bytes free (``first``). The greedy frees more than capacity needs
+    # at many ops: an early choice's bytes are counted free over its whole window, and later
+    # choices, their windows placed by the bandwidth left, free the same ops again; a move that
+    # no op needs moves bytes for nothing. So, once the moves are chosen, each move in turn, the
+    # last chosen first, keeps its bytes counted free only from the first op of its window where
+    # the plan without them would go over capacity (its new deadline), and a move no op needs is
+    # dropped. A window that runs into the next iteration keeps its deadline in the iteration it
+    # started in (iteration 0's own plan has no next iteration). Each step keeps the planned
+    # memory at or under capacity wherever it was, so the plan still fits; what the greedy left
+    # over capacity (a budget it could not meet) stays as it was. No op waits at a deadline: the
+    # simulator and the runtime wait for a write only when an op needs its room (NOTE [ Room ]
+    # in runtime.executor). Waiting at every deadline was a stall for nothing where the room was
+    # free anyway (Llama3-8B at batch 16 with the SSD alone: a forward op waited 0.27 s, every
+    # micro-batch, for a write while 40 of its 80 GiB were free).
     def relax_deadlines(self) -> list[Move]:
         """The moves with each offload's deadline at the first op that needs its room, and those
         no op needs left out (NOTE [ Deadlines where memory is needed ]), in priority order."""

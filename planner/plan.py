@@ -1,4 +1,4 @@
-"""plan.json, format ``teraio-plan/2``: the one model of it, its writing and its reading.
+"""plan.json, format ``teraio-plan/3``: the one model of it, its writing and its reading.
 
 Every key, unit and meaning is written down in ``docs/formats.md``; the
 planner writes this model and the runtime reads it (``load_plan``).
@@ -17,8 +17,9 @@ priority). Each migration is a dict:
 - ``action``: ``offload`` (with ``target``) or ``prefetch`` (with ``source``),
   ``ssd`` or ``host``;
 - ``trigger_op``: the transfer starts before this op;
-- ``deadline_op``: it must be complete before this op (offload: the op from
-  which its memory is counted free; prefetch: the next use of the tensor);
+- ``deadline_op``: offload: the op from which the plan counts its memory free
+  (no op waits for it there: NOTE [ Room ] in ``runtime.executor``); prefetch:
+  the next use of the tensor, which waits until it is complete;
 - ``start_us``, ``end_us``: when the simulator predicts it to start and end,
   from the start of the iteration in which it is triggered (``end_us`` may pass
   the iteration's end; ``null`` when the simulated iteration did not run it);
@@ -30,6 +31,11 @@ priority). Each migration is a dict:
 - ``name`` (only for named tensors: parameters, gradients, optimizer state):
   the tensor's name in the profile, which lets the runtime find a storage
   whose id changes at the boundary (NOTE [ Offloads without a prefetch ]).
+
+Per rank, ``op_names`` lists the ops of an iteration and ``made_bytes`` the
+bytes of the storages each of them allocates in the profile: before an op, the
+runtime waits for offloads in flight until those bytes fit the budget (NOTE [
+Room ] in ``runtime.executor``), as the simulator does.
 
 NOTE [ Op indices in plans ]: every ``trigger_op`` and ``deadline_op`` is an
 op index of one iteration, in ``[0, num_ops)``; the runtime applies the same
@@ -82,8 +88,8 @@ from planner.errors import PlanFormatError
 
 __all__ = ["FORMAT", "Migration", "Plan", "check_rank", "load_plan", "save_plan", "signatures_of"]
 
-FORMAT = "teraio-plan/2"
-_OLDER = ("teraio-plan/1",)
+FORMAT = "teraio-plan/3"
+_OLDER = ("teraio-plan/1", "teraio-plan/2")
 _ACTIONS = {"offload": "target", "prefetch": "source"}
 _PLACES = ("ssd", "host")
 
@@ -158,6 +164,7 @@ class Plan:
     summary: dict[str, Any]
     migrations: dict[int, list[Migration]]
     op_names: dict[int, list[str]] = field(default_factory=dict)
+    made_bytes: dict[int, list[int]] = field(default_factory=dict)  # rank -> bytes each op allocates
     summary_by_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
     comparison: dict[str, Any] = field(default_factory=dict)
     first: Plan | None = None  # NOTE [ The first iteration's plan ]
@@ -220,6 +227,7 @@ class Plan:
             "comparison": _finite(self.comparison),
             "num_ops": {str(r): len(n) for r, n in self.op_names.items()},
             "op_names": {str(r): n for r, n in self.op_names.items()},
+            "made_bytes": {str(r): m for r, m in self.made_bytes.items()},
             "ranks": {str(r): [m.to_dict() for m in ms] for r, ms in self.migrations.items()},
         }
         if self.world_size is not None:
@@ -235,8 +243,8 @@ class Plan:
 
     @classmethod
     def from_json(cls, doc: Any, source: object = "plan") -> Plan:
-        """Validate and read a ``teraio-plan/2`` document; ``PlanFormatError`` on any problem
-        (a version 1 plan is refused with what to do)."""
+        """Validate and read a ``teraio-plan/3`` document; ``PlanFormatError`` on any problem
+        (an older plan is refused with what to do)."""
         if not isinstance(doc, dict):
             raise PlanFormatError(source, "not a JSON object")
         if doc.get("format") in _OLDER:
@@ -248,6 +256,13 @@ class Plan:
                                           "make the plan again with `teraio plan`")
         try:
             op_names = {int(r): [str(x) for x in n] for r, n in doc.get("op_names", {}).items()}
+            made = {int(r): [int(x) for x in m] for r, m in doc.get("made_bytes", {}).items()}
+            for rank, names in op_names.items():
+                if len(made.get(rank, ())) != len(names):
+                    raise PlanFormatError(source, f"rank {rank}: made_bytes has {len(made.get(rank, ()))} "
+                                                  f"entries for {len(names)} ops")
+                if made[rank] and min(made[rank]) < 0:
+                    raise PlanFormatError(source, f"rank {rank}: negative made_bytes")
             migrations: dict[int, list[Migration]] = {}
             for r, entries in doc["ranks"].items():
                 rank = int(r)
@@ -262,6 +277,7 @@ class Plan:
             return cls(
                 signature=str(doc["signature"]), parameters=dict(doc.get("parameters", {})),
                 summary=dict(doc.get("summary", {})), migrations=migrations, op_names=op_names,
+                made_bytes=made,
                 summary_by_rank={int(r): dict(s) for r, s in doc.get("summary_by_rank", {}).items()},
                 comparison=dict(doc.get("comparison", {})),
                 first=None if first is None else cls.from_json(first, f"{source}, first_iteration"),

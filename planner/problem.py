@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from planner.errors import InfeasibleBudgetError
-from profiles import Profile, active_bytes, inactive_periods, memory_curve
+from profiles import Profile, active_bytes, inactive_periods, made_bytes, memory_curve
 
 __all__ = ["PlanProblem", "check_capacity", "cyclic_add", "first_problem", "problem_from_profile",
            "resident_need_bytes"]
@@ -47,6 +47,7 @@ class PlanProblem:
     duration_us: np.ndarray  # (num_ops,) float64
     memory_bytes: np.ndarray  # (num_ops,) int64: live bytes at each op with nothing moved
     active_bytes: np.ndarray  # (num_ops,) int64: bytes each op reads or writes
+    made_bytes: np.ndarray  # (num_ops,) int64: bytes of the storages each op allocates
     phase: np.ndarray  # (num_ops,) object: forward|backward|optimizer|other
     module: np.ndarray  # (num_ops,) object: dotted module path or None
     # One row per inactive period; see NOTE [ Unrolled op axis ].
@@ -102,6 +103,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
         duration_us=kernels["duration_us"].to_numpy(np.float64).copy(),
         memory_bytes=memory_curve(profile, rank, iteration).astype(np.int64),
         active_bytes=active_bytes(profile, rank, iteration).astype(np.int64),
+        made_bytes=made_bytes(profile, rank, iteration),
         phase=kernels["phase"].to_numpy(object),
         module=kernels["module"].to_numpy(object),
         tensor_id=periods["tensor_id"].to_numpy(np.int64),

@@ -2,12 +2,13 @@
 
 Each op takes its profiled duration. Before op ``k`` the transfers triggered
 at ``k`` start; then the op waits (a *stall*) until (1) every prefetch whose
-deadline is ``k`` is complete, (2) every offload whose deadline is ``k`` is
-complete, and (3) the resident bytes fit the capacity, as long as offloads in
-flight can still make room. Channels move ``bandwidth * elapsed`` bytes, serving
-their pending transfers urgent first, then by plan priority, preemptively
-(NOTE [ Channel model ] in ``planner.channels``); transfers go on during ops
-and stalls alike.
+deadline is ``k`` is complete, and (2) the resident bytes fit the capacity, as
+long as offloads in flight can still make room. An offload's deadline is where
+the plan counts its bytes free; no op waits for it there unless the room is
+needed (NOTE [ Room ] in ``runtime.executor``). Channels move ``bandwidth *
+elapsed`` bytes, serving their pending transfers urgent first, then by plan
+priority, preemptively (NOTE [ Channel model ] in ``planner.channels``);
+transfers go on during ops and stalls alike.
 
 Memory: a tensor's bytes are counted free when its offload completes and
 counted again from the moment its prefetch starts (conservative both ways). A
@@ -287,16 +288,15 @@ class _Sim:
         if self.host[m]:
             self.host_used -= self.size[m]
 
-    def _schedule(self) -> tuple[list[list[int]], list[list[int]], list[list[int]], list[list[int]]]:
-        """Per global op: offload and prefetch starts, offload and prefetch deadlines (instance ids)."""
+    def _schedule(self) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+        """Per global op: offload and prefetch starts and prefetch deadlines (instance ids)."""
         n, nm, total = self.n, self.nm, self.n * self.iters
-        lists: list[list[list[int]]] = [[[] for _ in range(total)] for _ in range(4)]
+        lists: list[list[list[int]]] = [[[] for _ in range(total)] for _ in range(3)]
         if not nm:
-            return lists[0], lists[1], lists[2], lists[3]
+            return lists[0], lists[1], lists[2]
         cols = [
             np.array([m.offload_trigger for m in self.moves]),
             np.array([m.prefetch_trigger for m in self.moves]),
-            np.array([m.offload_deadline for m in self.moves]),
             np.array([m.prefetch_deadline for m in self.moves]),
         ]
         for out, col in zip(lists, cols, strict=True):
@@ -305,11 +305,11 @@ class _Sim:
                 ok = (col >= 0) & (g < total)
                 for gi, m in zip(g[ok].tolist(), np.flatnonzero(ok).tolist(), strict=True):
                     out[gi].append(it * nm + m)
-        return lists[0], lists[1], lists[2], lists[3]
+        return lists[0], lists[1], lists[2]
 
     def run(self) -> SimResult:
         p, n = self.p, self.n
-        starts_off, starts_pre, due_off, due_pre = self._schedule()
+        starts_off, starts_pre, due_pre = self._schedule()
         dur = p.duration_us.tolist()
         mem = p.memory_bytes.tolist()
         op_start = np.zeros(n)
@@ -342,12 +342,6 @@ class _Sim:
                     waited += self._wait_for(inst * 2 + 1, self.read_ch[m])
                     if self.measuring:
                         self.waited_pre.add(m)
-            for inst in due_off[g]:
-                if self.state[inst] == _OFFLOADING:
-                    m = inst % self.nm
-                    waited += self._wait_for(inst * 2, self.write_ch[m])
-                    if self.measuring:
-                        self.waited_off.add(m)
             while mem[k] - self.offloaded > self.cap + _TOL:
                 pending = [(self.remaining[top] / self.bw_us[c], top)
                            for c in ("ssd_write", "host_write") if (top := self._top(c)) is not None]

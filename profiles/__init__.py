@@ -15,7 +15,14 @@ from profiles.errors import ProfileFormatError, TeraioError
 if TYPE_CHECKING:
     from profiles.model import Profile, find_newest_profile, merge_ranks, read_profile, write_profile
     from profiles.schema import FORMAT
-    from profiles.views import active_bytes, inactive_periods, iteration_time_us, live_intervals, memory_curve
+    from profiles.views import (
+        active_bytes,
+        inactive_periods,
+        iteration_time_us,
+        live_intervals,
+        made_bytes,
+        memory_curve,
+    )
 
 _LAZY = {
     "FORMAT": "profiles.schema",
@@ -28,6 +35,7 @@ _LAZY = {
     "inactive_periods": "profiles.views",
     "iteration_time_us": "profiles.views",
     "live_intervals": "profiles.views",
+    "made_bytes": "profiles.views",
     "memory_curve": "profiles.views",
 }
 
@@ -41,6 +49,7 @@ __all__ = [
     "inactive_periods",
     "iteration_time_us",
     "live_intervals",
+    "made_bytes",
     "memory_curve",
     "merge_ranks",
     "read_profile",

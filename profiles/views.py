@@ -11,7 +11,7 @@ import pandas as pd
 
 from profiles.model import Profile
 
-__all__ = ["active_bytes", "inactive_periods", "iteration_time_us", "live_intervals", "memory_curve"]
+__all__ = ["active_bytes", "inactive_periods", "iteration_time_us", "live_intervals", "made_bytes", "memory_curve"]
 
 
 def iteration_time_us(profile: Profile, rank: int = 0, iteration: int | None = None) -> float:
@@ -49,6 +49,17 @@ def memory_curve(profile: Profile, rank: int = 0, iteration: int | None = None) 
     np.add.at(diff, np.clip(begin, 0, num_ops), size)
     np.add.at(diff, np.clip(end, 0, num_ops), -size)
     return np.cumsum(diff[:-1])
+
+
+def made_bytes(profile: Profile, rank: int = 0, iteration: int | None = None) -> np.ndarray:
+    """(num_ops,) int64: bytes of the storages each op allocates (``alloc_op``)."""
+    num_ops = len(profile.kernels_of(rank, iteration))
+    tensors = profile.tensors_of(rank)
+    alloc = tensors["alloc_op"].to_numpy(np.int64)
+    made = (alloc >= 0) & (alloc < num_ops)
+    out = np.zeros(num_ops, np.int64)
+    np.add.at(out, alloc[made], tensors["size_bytes"].to_numpy(np.int64)[made])
+    return out
 
 
 def active_bytes(profile: Profile, rank: int = 0, iteration: int | None = None) -> np.ndarray:

@@ -18,7 +18,7 @@ memory is already so and nothing moves.
 A plan names a transient storage by the id the iteration that made it gave it
 (``profiles.ids``). A storage alive across the boundary is renamed there (a
 carried flag, or a gradient's persistent number), so events after it (a
-prefetch, an offload's deadline, an offload triggered at op 0) look up the plan
+prefetch, an offload triggered at op 0) look up the plan
 id in ``plan_ids``, which maps it to the storage's id now:
 
 - after the steady plan: the boundary's own renaming (the iteration's ids were
@@ -50,22 +50,19 @@ class Schedule:
     """One iteration's plan for one rank, looked up op by op."""
 
     triggers: Mapping[int, tuple[Migration, ...]]  # op -> transfers to start before it, offloads first
-    deadlines: Mapping[int, tuple[int, ...]]  # op -> plan ids whose offloads must be done before it
     op_names: tuple[str, ...]
+    made_bytes: tuple[int, ...]  # per op: the bytes it allocates, made room for (NOTE [ Room ])
     budget_bytes: int | None
 
     @classmethod
     def of(cls, plan: Plan, rank: int) -> Schedule:
         triggers: dict[int, list[Migration]] = {}
-        deadlines: dict[int, list[int]] = {}
         # At one op, offloads start before prefetches: a prefetch waits for room only on
         # offloads in flight (NOTE [ Room ] in runtime.executor), as the simulator's op does.
         for m in sorted(plan.migrations.get(rank, []), key=lambda m: m.action != "offload"):
             triggers.setdefault(m.trigger_op, []).append(m)
-            if m.action == "offload":
-                deadlines.setdefault(m.deadline_op, []).append(m.tensor_id)
-        return cls({k: tuple(v) for k, v in triggers.items()}, {k: tuple(v) for k, v in deadlines.items()},
-                   tuple(plan.op_names.get(rank, ())), plan.budget_bytes)
+        return cls({k: tuple(v) for k, v in triggers.items()}, tuple(plan.op_names.get(rank, ())),
+                   tuple(plan.made_bytes.get(rank, ())), plan.budget_bytes)
 
     @property
     def num_ops(self) -> int:

@@ -40,6 +40,7 @@ class Job:
     queued_s: float = field(default_factory=time.perf_counter)
     busy_s: float = 0.0
     taken: bool = False
+    cancelled: bool = False  # dropped before a worker took it: it moved nothing
 
     # NOTE [ Releasing jobs ]: ``work`` holds a view of the storage the job moves, and a
     # failed job's traceback the frames that hold it: either keeps the storage alive
@@ -81,6 +82,18 @@ class MigrationEngine:
         if not job.urgent and not job.done.is_set():
             job.urgent = True
             self._queues[job.direction].put((0, next(self._seq), job))
+
+    def cancel(self, job: Job) -> bool:
+        """Drop ``job`` if no worker has taken it: it is then done, ``cancelled``, and moved
+        nothing. False if a worker has it (it runs to its end) or it is done."""
+        with self._take:
+            if job.taken:
+                return False
+            job.cancelled = True  # first: a Ctrl-C between the two still leaves it known as cancelled
+            job.taken = True
+        self.completed.append(job)
+        job.done.set()
+        return True
 
     def _serve(self, q: queue.PriorityQueue[tuple[int, int, Job | None]]) -> None:
         while True:

@@ -2,11 +2,10 @@
 
 Before op k of an iteration that follows its plan it (1) finishes what the
 engine completed (freeing storages whose bytes are safely written), (2) starts
-the transfers the plan triggers at k, (3) waits for offloads whose memory must
-be free by k, and (4) makes every input of op k resident, faulting in on
-demand whatever is not, plan or no plan. A prefetch or an op that would take
-the tracked bytes over the plan's budget first waits for offloads in flight to
-make room, as the planner's simulator does (NOTE [ Room ]). Waits are stalls,
+the transfers the plan triggers at k, (3) waits for offloads in flight until
+the bytes op k allocates fit the budget (NOTE [ Room ]), and (4) makes every
+input of op k resident, faulting in on demand whatever is not, plan or no
+plan. A prefetch likewise makes room before it allocates. Waits are stalls,
 counted and timed. Which plan an iteration follows, and what moves at a
 boundary, is decided by ``runtime.boundary`` (NOTE [ Boundaries ]); this class
 applies it.
@@ -142,9 +141,6 @@ class PlanExecutor(OpStream):
         self.backends = backends
         self.engine = engine
         self._writes: deque[_Entry] = deque()  # offloads in flight, oldest first
-        # bytes each op made, this followed iteration and the one before (NOTE [ Room ])
-        self._made: list[int] = []
-        self._made_before: list[int] = []
         self.moved: dict[int, _Entry] = {}
         self.sizes: dict[int, int] = {}
         self.stats = RunStats()
@@ -177,18 +173,15 @@ class PlanExecutor(OpStream):
                     self._start(m)
                     if self.schedule is None:  # a size differs: it left the plan
                         break
-            if self.schedule is not None:
-                for tid in schedule.deadlines.get(index, ()):
-                    entry = self._entry(tid)
-                    if entry is not None and entry.state is Residency.OFFLOADING:
-                        self._wait(entry)
-                if schedule is self.steady and index < len(self._made_before) and self._made_before[index] > 0:
-                    self._make_room(self._made_before[index])
         if self.moved:
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
                 if entry is not None:
                     self._make_resident(tid, entry)
+        # after the inputs: a fetch on demand made room for itself alone (NOTE [ Room ])
+        schedule = self.schedule
+        if schedule is not None and index < len(schedule.made_bytes) and schedule.made_bytes[index]:
+            self._make_room(schedule.made_bytes[index])
         return func(*args, **kwargs)
 
     def run_uncounted(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -208,7 +201,6 @@ class PlanExecutor(OpStream):
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         stats = self.stats
         sizes = self.sizes
-        before = stats.tracked_bytes
         for tid, t, new in outputs:
             if new:
                 n = t.untyped_storage().nbytes()
@@ -219,8 +211,6 @@ class PlanExecutor(OpStream):
                 n = t.untyped_storage().nbytes()
                 sizes[tid] = n
                 stats.tracked_bytes += n
-        if self.schedule is self.steady:
-            self._made.append(stats.tracked_bytes - before)
         if stats.tracked_bytes > stats.peak_tracked_bytes:
             stats.peak_tracked_bytes = stats.tracked_bytes
 
@@ -256,13 +246,6 @@ class PlanExecutor(OpStream):
             return
         self.left_at = f"iteration {self.iteration}, {where}"
 
-    def _entry(self, plan_id: int) -> _Entry | None:
-        """The moved entry of plan id ``plan_id``, by its id now (NOTE [ Boundaries ])."""
-        entry = self.moved.get(plan_id)
-        if entry is None and plan_id in self.plan_ids:
-            entry = self.moved.get(self.plan_ids[plan_id])
-        return entry
-
     def _start(self, m: Migration) -> None:
         tid = m.tensor_id
         if m.action == "offload":
@@ -270,6 +253,7 @@ class PlanExecutor(OpStream):
             if storage is None and tid in self.plan_ids:
                 tid = self.plan_ids[tid]
                 storage = self.ids.storage(tid)
+            self._settle_kept(tid)
             if storage is None or tid in self.moved:
                 return
             if storage.nbytes() != m.size_bytes:
@@ -288,7 +272,7 @@ class PlanExecutor(OpStream):
         if entry is None:
             return
         if entry.state is Residency.OFFLOADING:
-            entry.touched = True
+            self._needed_again(entry)
         elif entry.state in (Residency.SSD, Residency.HOST):
             self._fetch(tid, entry, m.urgent)
 
@@ -351,6 +335,8 @@ class PlanExecutor(OpStream):
 
     def _await(self, job: Job) -> None:
         """Wait for ``job`` to finish; a transfer that never does ends the run with an error."""
+        if job.cancelled:  # moved nothing; an interrupt in ``cancel`` may have left it not done
+            job.done.set()
         if job.done.is_set():
             return
         timeout = _TRANSFER_TIMEOUT_S + job.nbytes / 10e6
@@ -370,10 +356,14 @@ class PlanExecutor(OpStream):
             self.stats.stall_s += time.perf_counter() - t0
         self._drain()
 
-    # NOTE [ Room ]: the plan counts a tensor's memory free only once its offload is done,
-    # and the runtime's transfers may be slower than the plan's, so, as in the simulator,
-    # memory that would go over the budget waits for offloads in flight: a prefetch before
-    # it allocates, an op before it runs (for the bytes the same op made an iteration ago).
+    # NOTE [ Room ]: a tensor's memory is free only once its offload is done, and the
+    # runtime's transfers may be slower than the plan's, so, as in the simulator, memory
+    # that would go over the budget waits for offloads in flight: a prefetch before it
+    # allocates, an op before it runs, for the bytes the plan says it allocates
+    # (``made_bytes``, from the profile). That is the only wait for a write: an op does not
+    # wait at an offload's deadline, where the plan counts its bytes free, unless it needs
+    # the room (NOTE [ Deadlines where memory is needed ] in planner.greedy). Every followed
+    # iteration, iteration 0's own plan included, is held to its budget this way.
     def _make_room(self, nbytes: int) -> None:
         """Wait for offloads in flight, oldest first, until ``nbytes`` more fit the budget
         or none is left (NOTE [ Room ])."""
@@ -383,12 +373,38 @@ class PlanExecutor(OpStream):
             return
         while writes and self.stats.tracked_bytes + nbytes > budget:
             entry = writes.popleft()
-            if entry.state is Residency.OFFLOADING:
+            if entry.state is Residency.OFFLOADING and not entry.touched:  # a touched one frees nothing
                 self._wait(entry)
+
+    # NOTE [ Writes of a tensor needed again ]: a tensor whose write is still in flight when it
+    # is needed again (its prefetch is due, an op uses it, a boundary has it in) stays where it
+    # is: its entry is marked touched, and its write, once done, is thrown away. A write no
+    # worker has begun is dropped at once, as the simulator drops the rest of a write its
+    # prefetch overtakes: on a disk slower than the plan's, writing bytes nobody will read only
+    # delays the writes the budget waits on. The entry lives until its write is done, and a new
+    # offload of the same tensor (its next inactive period) waits for that: skipping it, as we
+    # once did, left its bytes in memory for the whole period, over the budget (the example at
+    # its smallest budget on a 0.2 GB/s disk: 37.0 MiB against 33.4); so does the boundary, which
+    # counts such a tensor as in. Where a worker has begun the write, the runtime differs from the
+    # simulator, which drops the rest of it: the write goes on using the disk, and that wait for it
+    # is a stall no plan predicts.
+    def _needed_again(self, entry: _Entry) -> None:
+        """The tensor of an offloading ``entry`` stays resident (NOTE [ Writes of a tensor needed
+        again ])."""
+        entry.touched = True
+        if entry.job is not None:
+            self.engine.cancel(entry.job)
+
+    def _settle_kept(self, tid: int) -> None:
+        """Before a new offload of ``tid``: wait for a thrown-away write of it still in flight, so
+        that its entry is gone (NOTE [ Writes of a tensor needed again ])."""
+        entry = self.moved.get(tid)
+        if entry is not None and entry.state is Residency.OFFLOADING and entry.touched:
+            self._wait(entry)
 
     def _make_resident(self, tid: int, entry: _Entry) -> None:
         if entry.state is Residency.OFFLOADING:
-            entry.touched = True  # still resident; keep it when the write finishes
+            self._needed_again(entry)
             return
         if entry.state in (Residency.SSD, Residency.HOST):
             self.stats.on_demand_fetches += 1
@@ -416,7 +432,7 @@ class PlanExecutor(OpStream):
 
     def _count(self, job: Job) -> None:
         """Bytes and busy time of a job that moved its bytes."""
-        if job.error is not None:
+        if job.error is not None or job.cancelled:
             return
         if job.direction == "write":
             self.stats.bytes_written[job.target] += job.nbytes
@@ -440,8 +456,8 @@ class PlanExecutor(OpStream):
                 self._offload(tid, storage, "host", urgent=False)
             return
         self._count(job)
-        if entry.touched or storage is None:
-            self.stats.cancelled_offloads += entry.touched
+        if entry.touched or storage is None or job.cancelled:
+            self.stats.cancelled_offloads += entry.touched or job.cancelled
             entry.backend.delete(entry.key)
             del self.moved[tid]
             return
@@ -488,7 +504,7 @@ class PlanExecutor(OpStream):
                 continue
             if entry.job is not None:  # its transfer ends it: resident, or a read error kept
                 if entry.state is Residency.OFFLOADING:
-                    entry.touched = True  # kept resident when its write is done
+                    self._needed_again(entry)
                 self._await(entry.job)
                 self._complete(entry.job, errors)
                 continue
@@ -596,11 +612,9 @@ class PlanExecutor(OpStream):
         self._first_other_size = None
         if schedule is None:
             self._ending = Ending.ON_DEMAND
-            self._made = []
         elif schedule is self.steady:
             self._ending = Ending.STEADY
             self.matched_iterations += 1
-            self._made_before, self._made = self._made, []
         else:
             self._ending = Ending.FIRST
         if self.iteration > 0 and self._ending is Ending.ON_DEMAND:
@@ -638,10 +652,11 @@ class PlanExecutor(OpStream):
         boundary = at_boundary(
             self.plan, self.rank, self._ending, renamed=self._renamed,
             names={name: tid for tid, (name, _) in self.persistent.items()},
-            live_bytes=self._live_bytes, out=self.moved.keys())
+            live_bytes=self._live_bytes, out={t for t, e in self.moved.items() if not e.touched})
         self.plan_ids = boundary.plan_ids
         self.schedule = self.steady
         for tid, m in boundary.send_out:
+            self._settle_kept(tid)
             storage = self.ids.storage(tid)
             if storage is not None and tid not in self.moved:
                 self._offload(tid, storage, m.place, urgent=True, name=m.name)
@@ -654,7 +669,7 @@ class PlanExecutor(OpStream):
             if entry is None:
                 continue
             if entry.state is Residency.OFFLOADING:
-                entry.touched = True  # kept resident when its write is done
+                self._needed_again(entry)
             elif entry.state in (Residency.SSD, Residency.HOST):
                 self._fetch(tid, entry, urgent=False)
         self.stats.peak_tracked_bytes = self.stats.tracked_bytes  # the new iteration's peak

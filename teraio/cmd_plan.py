@@ -292,7 +292,7 @@ def plan(
 
     Prints peak memory before and after against the capacity, the predicted
     iteration time against the ideal (infinite memory) time, stalls, bytes
-    moved and bandwidth use, and writes the plan (format teraio-plan/2, docs/formats.md).
+    moved and bandwidth use, and writes the plan (format teraio-plan/3, docs/formats.md).
     Exit codes: 0 done, 2 bad input (options, profile, a capacity no plan can
     meet).
     """

@@ -32,8 +32,8 @@ def test_round_trip(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
     back = load_plan(path)
     assert back == plan
     doc = json.loads(path.read_text())
-    assert doc["format"] == "teraio-plan/2"
-    assert set(doc) >= {"signature", "parameters", "summary", "ranks", "op_names", "num_ops"}
+    assert doc["format"] == "teraio-plan/3"
+    assert set(doc) >= {"signature", "parameters", "summary", "ranks", "op_names", "num_ops", "made_bytes"}
     assert set(doc["summary"]) >= {"peak_before_bytes", "peak_after_bytes", "predicted_iteration_us",
                                    "ideal_iteration_us", "stall_us", "bytes_to_ssd", "bytes_to_host"}
     m = doc["ranks"]["0"][0]
@@ -92,10 +92,24 @@ def test_the_runtime_reads_plans_through_the_planners_model_without_heavy_import
     assert json.loads(r.stdout) == [n, len(plan.migrations[0]), []]
 
 
-def test_a_version_1_plan_is_refused_with_what_to_do(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
+def test_made_bytes_are_what_each_op_allocates_in_the_profile(plan_doc: tuple[Plan, int]) -> None:
+    """The runtime makes room before each op for these bytes (NOTE [ Room ]): each op's are the sizes
+    of the storages whose ``alloc_op`` it is, and together they are every storage made in the iteration."""
+    plan, n = plan_doc
+    prof = synthetic_profile(4, 6, 3, num_extra=2, seed=3)
+    t = prof.tensors_of(0)
+    made = plan.made_bytes[0]
+    assert len(made) == n and sum(made) > 0
+    for k in (0, n // 2, n - 1):
+        assert made[k] == int(t.loc[t["alloc_op"] == k, "size_bytes"].sum())
+    assert sum(made) == int(t.loc[t["alloc_op"] >= 0, "size_bytes"].sum())
+
+
+@pytest.mark.parametrize("old", ["teraio-plan/1", "teraio-plan/2"])
+def test_an_older_plan_is_refused_with_what_to_do(tmp_path: Path, plan_doc: tuple[Plan, int], old: str) -> None:
     plan, _ = plan_doc
     doc = plan.to_json()
-    doc["format"] = "teraio-plan/1"
+    doc["format"] = old
     doc["parameters"]["profile"] = "profiles/train-1"
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
@@ -107,12 +121,16 @@ def test_a_version_1_plan_is_refused_with_what_to_do(tmp_path: Path, plan_doc: t
 @pytest.mark.parametrize(("doc", "problem"), [
     ("[]", "not a JSON object"),
     ('{"format": "teraio-plan/0"}', "format 'teraio-plan/0'"),
-    ('{"format": "teraio-plan/2", "signature": "x"}', "missing field 'ranks'"),
-    ('{"format": "teraio-plan/2", "signature": "x", "ranks": {"0": [{"tensor_id": 1, "size_bytes": 4, '
+    ('{"format": "teraio-plan/3", "signature": "x"}', "missing field 'ranks'"),
+    ('{"format": "teraio-plan/3", "signature": "x", "ranks": {"0": [{"tensor_id": 1, "size_bytes": 4, '
      '"action": "evict", "target": "ssd", "trigger_op": 0, "deadline_op": 1}]}}', "action 'evict'"),
-    ('{"format": "teraio-plan/2", "signature": "x", "op_names": {"0": ["a", "b"]}, "ranks": {"0": '
-     '[{"tensor_id": 1, "size_bytes": 4, "action": "offload", "target": "ssd", "trigger_op": 5, '
+    ('{"format": "teraio-plan/3", "signature": "x", "op_names": {"0": ["a", "b"]}, "made_bytes": {"0": [0, 8]}, '
+     '"ranks": {"0": [{"tensor_id": 1, "size_bytes": 4, "action": "offload", "target": "ssd", "trigger_op": 5, '
      '"deadline_op": 1}]}}', "trigger_op 5 outside [0, 2)"),
+    ('{"format": "teraio-plan/3", "signature": "x", "op_names": {"0": ["a", "b"]}, "ranks": {"0": []}}',
+     "rank 0: made_bytes has 0 entries for 2 ops"),
+    ('{"format": "teraio-plan/3", "signature": "x", "op_names": {"0": ["a", "b"]}, "made_bytes": {"0": [0, -8]}, '
+     '"ranks": {"0": []}}', "rank 0: negative made_bytes"),
     ("{not json", "not valid JSON"),
 ])
 def test_bad_plans_get_clear_errors(tmp_path: Path, doc: str, problem: str) -> None:

@@ -3,6 +3,8 @@ as properties over random synthetic plans."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -72,6 +74,19 @@ def test_a_charged_op_lets_the_channels_move_on() -> None:
     assert sim.stall_us == 0
     assert sim.copy_charge_us == pytest.approx(500.0 + 500.0)
     assert sim.iteration_us == pytest.approx(5000.0)
+
+
+def test_an_op_waits_for_a_write_only_where_it_needs_the_room() -> None:
+    """NOTE [ Room ]: an offload's deadline is where the plan counts its bytes free, not a wait.
+    Writes at 1 MB per 2,000 us: the write started before op 1 is still in flight at op 2, its
+    deadline. With room to spare op 2 does not wait for it (it waited 1,000 us at the deadline
+    before); where op 1 needs its room, op 1 waits the whole write."""
+    bw = {**BW, "ssd_write": 1e6 / 2e-3}
+    mv = replace(move(3), offload_deadline=2)
+    free = simulate(four_ops(), [mv], bw, float("inf"))
+    assert free.stall_us_before.tolist() == pytest.approx([0.0, 0.0, 0.0, 1000.0])  # op 3: the read
+    tight = simulate(four_ops(), [mv], bw, 500_000.0)
+    assert tight.stall_us_before[1] == pytest.approx(2000.0) and tight.stall_us_before[2] == 0
 
 
 def test_negative_costs_are_refused() -> None:

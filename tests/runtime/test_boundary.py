@@ -95,11 +95,12 @@ def test_after_iteration_0_the_profiles_map_names_what_it_hands_on() -> None:
 def test_a_schedule_starts_offloads_before_prefetches_at_one_op() -> None:
     p = plan()
     moves = [migration(1, "prefetch", 2), migration(2, "offload", 2, start=1, end=4)]
+    made = list(range(N))
     p = Plan(signature="s", parameters={"gpu_mem_bytes": 800}, summary={}, migrations={0: moves},
-             op_names=p.op_names)
+             op_names=p.op_names, made_bytes={0: made})
     s = Schedule.of(p, 0)
     assert [m.action for m in s.triggers[2]] == ["offload", "prefetch"]
-    assert s.deadlines[3] == (2,) and s.budget_bytes == 800 and s.num_ops == N
+    assert s.made_bytes == tuple(made) and s.budget_bytes == 800 and s.num_ops == N
 
 
 def test_the_boundary_logic_needs_no_torch() -> None:

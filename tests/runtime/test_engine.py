@@ -39,3 +39,25 @@ def test_urgent_jobs_go_first() -> None:
         assert order == [3, 2, 1]
     finally:
         engine.close()
+
+
+def test_a_job_no_worker_took_is_cancelled_and_a_running_one_is_not() -> None:
+    """NOTE [ Writes of a tensor needed again ] in runtime.executor: a write whose tensor is
+    needed again before a worker takes it is dropped, done at once, having moved nothing."""
+    engine = MigrationEngine(num_workers=1)
+    try:
+        gate, started, ran = threading.Event(), threading.Event(), []
+        running = engine.submit(Job(0, "write", 8, lambda: (started.set(), gate.wait(30))))
+        queued = engine.submit(Job(1, "write", 8, lambda: ran.append(1)))
+        assert started.wait(30)
+        assert not engine.cancel(running)  # a worker has it: it runs to its end
+        assert engine.cancel(queued) and queued.done.is_set() and queued.cancelled
+        assert not engine.cancel(queued)  # once
+        gate.set()
+        assert running.done.wait(30) and not running.cancelled
+        later = engine.submit(Job(2, "write", 8, lambda: ran.append(2)))
+        assert later.done.wait(30)
+        assert ran == [2]  # the cancelled job's work never ran; its queue entry was skipped
+        assert engine.bytes_moved["write"] == 16 and list(engine.completed) == [queued, running, later]
+    finally:
+        engine.close()

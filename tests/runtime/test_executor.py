@@ -1,8 +1,11 @@
 """The executor on real training steps with hand-made plans: bit-exact, and faults handled.
 
-These plans offload every idle stretch of every tensor of 4 KiB or more, with
-the tightest deadlines: far more traffic than a real plan, to stress the
-state machine. Plans from the planner are tested end to end in test_run_cli.
+These plans offload every idle stretch of every tensor of 4 KiB or more, as
+soon as it starts, under a budget of one byte: every op that allocates waits
+for every write in flight first (NOTE [ Room ]), so each write is done before
+the next allocation, whatever the machine's speed. Far more traffic than a
+real plan, to stress the state machine. Plans from the planner are tested end
+to end in test_run_cli.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 import torch
 
 from planner.plan import Migration, Plan
-from profiles import Profile, inactive_periods
+from profiles import Profile, inactive_periods, made_bytes
 from runtime.api import first_iteration_warning, offload
 from runtime.errors import PlanMismatchError, StorageIOError, SwapKeptError
 from torch_patch import ProfileComplete, Tracer
@@ -72,15 +75,16 @@ def move(tid: int, action: str, trigger: int, deadline: int, size: int, start_op
 
 def plan_of(moves: list[Migration], op_names: list[str], budget: int | None = None,
             first: Plan | None = None, carried: dict[int, int] | None = None,
-            summary: dict[str, Any] | None = None) -> Plan:
-    """A one-rank plan of ``moves`` (the planner's model, as the runtime reads it)."""
+            summary: dict[str, Any] | None = None, made: list[int] | None = None) -> Plan:
+    """A one-rank plan of ``moves`` (the planner's model, as the runtime reads it); ``made``: the
+    bytes each op allocates (none: no op makes room)."""
     return Plan(signature="hand", parameters={"gpu_mem_bytes": budget}, summary=summary or {},
-                migrations={0: moves}, op_names={0: op_names}, first=first,
-                carried_into_next={0: carried} if carried is not None else {})
+                migrations={0: moves}, op_names={0: op_names}, made_bytes={0: made or [0] * len(op_names)},
+                first=first, carried_into_next={0: carried} if carried is not None else {})
 
 
 def hand_moves(prof: Profile, min_bytes: int, trailing: bool = False) -> list[Migration]:
-    """Every idle stretch inside the iteration, with the tightest deadlines; with
+    """Every idle stretch inside the iteration, offloaded at its start; with
     ``trailing``, also every one from a last use to the iteration's end (offload only)."""
     periods = inactive_periods(prof)
     n = len(prof.kernels_of())
@@ -113,10 +117,11 @@ def hand_plan(prof: Profile | None = None, min_bytes: int = 4096) -> Plan:
     prof = traced() if prof is None else prof
     moves = hand_moves(prof, min_bytes)
     assert len(moves) > 20 and prof.first is not None
-    first = plan_of(hand_moves(prof.first, min_bytes, trailing=True), op_names(prof.first))
+    first = plan_of(hand_moves(prof.first, min_bytes, trailing=True), op_names(prof.first), budget=1,
+                    made=made_bytes(prof.first).tolist())
     first_moves = first.migrations[0]
     assert sum(m.action == "offload" for m in first_moves) > sum(m.action == "prefetch" for m in first_moves)
-    return plan_of(moves, op_names(prof), first=first)
+    return plan_of(moves, op_names(prof), budget=1, first=first, made=made_bytes(prof).tolist())
 
 
 @pytest.fixture(scope="module")

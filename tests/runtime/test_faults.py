@@ -70,15 +70,29 @@ def test_ctrl_c_removes_swap_files(tmp_path: Path) -> None:
 
 
 def kill_while_training(swap: Path) -> Path:
-    """Start training under a plan, SIGKILL it mid-run; the swap directory it leaves."""
+    """Start training under a plan, SIGKILL it mid-run (from step 4 on, once bytes are on disk:
+    no op waits for a write it does not need the room of, so on a busy machine the files can
+    still be empty at step 4); the swap directory it leaves."""
     before = set(swap.glob("teraio-swap-*"))
     proc = subprocess.Popen([sys.executable, "-m", "tests.runtime.fault_script", "forever", str(swap)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
+
+    def written() -> bool:
+        for f in (f for d in set(swap.glob("teraio-swap-*")) - before for f in d.glob("*.bin")):
+            try:
+                if f.stat().st_size:
+                    return True
+            except FileNotFoundError:  # read back and deleted meanwhile
+                pass
+        return False
+
     try:
         for line in proc.stdout:
-            if line.startswith("step 4") or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
+                break
+            if line.startswith("step ") and int(line.split()[1]) >= 4 and written():
                 break
     finally:
         proc.kill()
