@@ -53,10 +53,11 @@ send/receive pair; every rank of a collective): each participant measured its
 wait plus the transfer, and the one that arrived last waited least, so the
 least duration is the closest bound on the transfer that the profile holds,
 and no wait is in it. The graph then supplies each wait once, from the
-dependencies. Each participant's node carries that transfer time (plus its own
-charge and stall: a rank's copy cost owed at a communication op was its own,
-and taking a peer's smaller figure would drop it), so a profile measured with the waits inside the ops and one measured
-without them predict the same job (tested).
+dependencies. Each participant's node carries that transfer time, plus its own
+charge and stall (a rank's copy cost owed at a communication op is its own;
+taking a peer's smaller figure would drop it), so a profile measured with the
+waits inside the ops and one measured without them predict the same job
+(tested).
 
 NOTE [ The critical rank ]: the longest path's time is split among the ranks
 by the ops on it (an op's weight goes to its rank; joins weigh nothing). The

@@ -2,10 +2,10 @@
 
 Before op k of an iteration that follows its plan it (1) finishes what the
 engine completed (freeing storages whose bytes are safely written), (2) starts
-the transfers the plan triggers at k, (3) waits for offloads in flight until
-the bytes op k allocates fit the budget (NOTE [ Room ]), and (4) makes every
-input of op k resident, faulting in on demand whatever is not, plan or no
-plan. A prefetch likewise makes room before it allocates. Waits are stalls,
+the transfers the plan triggers at k, (3) makes every input of op k resident,
+faulting in on demand whatever is not, plan or no plan, and (4) waits for
+offloads in flight until the bytes op k allocates fit the budget (NOTE [
+Room ]). A prefetch likewise makes room before it allocates. Waits are stalls,
 counted and timed. Which plan an iteration follows, and what moves at a
 boundary, is decided by ``runtime.boundary`` (NOTE [ Boundaries ]); this class
 applies it.
