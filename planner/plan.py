@@ -172,6 +172,14 @@ class Plan:
     world_size: int | None = None  # NOTE [ Plans of a job ]; None: the plan does not say
     signatures: dict[int, str] = field(default_factory=dict)  # rank -> its profile's signature
 
+    def __post_init__(self) -> None:
+        for rank, names in self.op_names.items():  # NOTE [ Room ] in runtime.executor needs them
+            made = self.made_bytes.get(rank, ())
+            if len(made) != len(names):
+                raise ValueError(f"rank {rank}: made_bytes has {len(made)} entries for {len(names)} ops")
+            if made and min(made) < 0:
+                raise ValueError(f"rank {rank}: negative made_bytes")
+
     @property
     def job_size(self) -> int:
         """The number of ranks of the job this plan is for: ``world_size``, or for a plan that does
@@ -257,12 +265,6 @@ class Plan:
         try:
             op_names = {int(r): [str(x) for x in n] for r, n in doc.get("op_names", {}).items()}
             made = {int(r): [int(x) for x in m] for r, m in doc.get("made_bytes", {}).items()}
-            for rank, names in op_names.items():
-                if len(made.get(rank, ())) != len(names):
-                    raise PlanFormatError(source, f"rank {rank}: made_bytes has {len(made.get(rank, ()))} "
-                                                  f"entries for {len(names)} ops")
-                if made[rank] and min(made[rank]) < 0:
-                    raise PlanFormatError(source, f"rank {rank}: negative made_bytes")
             migrations: dict[int, list[Migration]] = {}
             for r, entries in doc["ranks"].items():
                 rank = int(r)

@@ -20,9 +20,11 @@ drops everything but the keys in ``keep``, whose bytes it leaves in files of a
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
+import queue
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -31,6 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
+from runtime.engine import Done
 from runtime.swapdir import keep_swap_dir, make_swap_dir, remove_swap_dir
 
 __all__ = ["Backend", "BackendFull", "HostBackend", "KvikioBackend", "PosixBackend", "backend_names"]
@@ -96,11 +99,16 @@ class _Unlinker:
     deleted key can no longer be read) and a thread unlinks it. Until then the
     file holds its blocks: a write that finds the disk full waits for the
     pending deletes (``flush``) and tries once more.
+
+    The main thread deletes, so the hand-off is a ``queue.SimpleQueue``, safe to
+    interrupt (NOTE [ Ctrl-C and the engine ] in ``runtime.engine``); a thread
+    pool's ``submit`` is not.
     """
 
     def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
+        self._paths: queue.SimpleQueue[str | _Flush | None] = queue.SimpleQueue()
+        self._unlinked = 0  # since the last flush; the unlinking thread's own
+        threading.Thread(target=self._serve, daemon=True, name="teraio-unlink").start()
 
     def delete(self, path: str) -> None:
         gone = f"{path}.deleted"
@@ -108,18 +116,34 @@ class _Unlinker:
             os.rename(path, gone)
         except FileNotFoundError:
             return
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="teraio-unlink")
-            self._pool.submit(Path(gone).unlink, missing_ok=True)
+        self._paths.put(gone)
 
     def flush(self) -> bool:
-        """Wait for the deletes asked for so far; whether there were any."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-        return pool is not None
+        """Wait for the deletes asked for so far; whether any were made since the last flush."""
+        marker = _Flush()
+        self._paths.put(marker)
+        marker.done.wait()
+        return marker.any
+
+    def close(self) -> None:
+        self.flush()
+        self._paths.put(None)
+
+    def _serve(self) -> None:
+        while (item := self._paths.get()) is not None:
+            if isinstance(item, _Flush):
+                item.any, self._unlinked = self._unlinked > 0, 0
+                item.done.set()
+                continue
+            with contextlib.suppress(OSError):  # what is left goes with the directory at close
+                os.unlink(item)
+            self._unlinked += 1
+
+
+class _Flush:
+    def __init__(self) -> None:
+        self.done = Done()
+        self.any = False
 
 
 def _after_deletes(unlinker: _Unlinker, write: Callable[[], None]) -> None:
@@ -309,7 +333,7 @@ class PosixBackend:
             pool, self._io = self._io, None
         if pool is not None:
             pool.shutdown(wait=True)
-        self._unlinker.flush()
+        self._unlinker.close()
         self._staging = []  # the maps go with their last reference
         return _close_dir(self.dir, self.where, keep)
 
@@ -482,5 +506,5 @@ class KvikioBackend:
         self._unlinker.delete(self.where(key))
 
     def close(self, keep: Mapping[int, dict[str, Any]] = {}) -> Path | None:  # noqa: B006 (read only)
-        self._unlinker.flush()
+        self._unlinker.close()
         return _close_dir(self.dir, self.where, keep)

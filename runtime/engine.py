@@ -5,10 +5,26 @@ the main thread keeps alive and unchanged (NOTE [ Freeing in place ] in
 ``runtime.storage``) and a backend. Finished jobs land on ``completed``, which
 the main thread drains before each op: every state change of a tensor happens
 on the main thread.
+
+NOTE [ Ctrl-C and the engine ]: a Ctrl-C raises KeyboardInterrupt in the main
+thread wherever CPython runs signal handlers: as a Python function starts, at a
+loop's jump back and after a call, in the standard library's code too.
+``threading.Condition`` (under ``queue.Queue``, ``threading.Event`` and
+``Semaphore``) takes and gives back its lock in Python functions, so an
+interrupt that lands in one leaves the lock held for good, and the next call on
+it blocks forever. That hung `teraio run` at exit after a Ctrl-C (the exit
+queues reads to bring every tensor back): once in a full test run, once in 18
+tries on a loaded machine. So what the main thread calls here uses only
+primitives written in C, each of whose calls happens whole or not at all:
+``threading.Lock`` in ``with`` blocks, ``queue.SimpleQueue`` and ``heapq`` on
+lists. An interrupt between two of our own steps can lose a wake-up, never a
+job: ``wait`` wakes a worker again before it waits, and a worker that wakes
+takes every job queued.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import queue
 import threading
@@ -18,11 +34,38 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Job", "MigrationEngine"]
+__all__ = ["Done", "Job", "MigrationEngine"]
 
 
 def _done() -> None:
     """The ``work`` of a job that has run."""
+
+
+class Done:
+    """Whether a job has ended: ``threading.Event``'s ``set``, ``is_set`` and ``wait``, safe
+    to interrupt (NOTE [ Ctrl-C and the engine ]). The flag is set before the wake-up is
+    sent, so a wait that an interrupt robs of its wake-up still finds the flag."""
+
+    __slots__ = ("_set", "_wake")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+
+    def set(self) -> None:
+        self._set = True
+        self._wake.put(None)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._set:
+            try:
+                self._wake.get(timeout=timeout)
+            except queue.Empty:
+                pass
+        return self._set
 
 
 @dataclass(eq=False)
@@ -36,7 +79,7 @@ class Job:
     urgent: bool = False
     target: str = ""
     error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Done = field(default_factory=Done)
     queued_s: float = field(default_factory=time.perf_counter)
     busy_s: float = 0.0
     taken: bool = False
@@ -61,27 +104,33 @@ class MigrationEngine:
     def __init__(self, num_workers: int = 2) -> None:
         self.completed: deque[Job] = deque()
         self._seq = itertools.count()
-        self._queues: dict[str, queue.PriorityQueue[tuple[int, int, Job | None]]] = {
-            "write": queue.PriorityQueue(), "read": queue.PriorityQueue()}
+        self._take = threading.Lock()  # the queues, and whether a job is taken
+        self._queued: dict[str, list[tuple[int, int, Job]]] = {"write": [], "read": []}  # heaps
+        self._wake: dict[str, queue.SimpleQueue[None]] = {d: queue.SimpleQueue() for d in self._queued}
+        self._closing = False
         self._threads = [
-            threading.Thread(target=self._serve, args=(q,), daemon=True, name=f"teraio-{d}-{i}")
-            for d, q in self._queues.items() for i in range(num_workers)
+            threading.Thread(target=self._serve, args=(d,), daemon=True, name=f"teraio-{d}-{i}")
+            for d in self._queued for i in range(num_workers)
         ]
-        self._take = threading.Lock()
         self.bytes_moved = {"write": 0, "read": 0}
         self.busy_s = {"write": 0.0, "read": 0.0}
         for t in self._threads:
             t.start()
 
+    def _queue(self, job: Job, priority: int) -> None:
+        with self._take:
+            heapq.heappush(self._queued[job.direction], (priority, next(self._seq), job))
+        self._wake[job.direction].put(None)
+
     def submit(self, job: Job) -> Job:
-        self._queues[job.direction].put((0 if job.urgent else 1, next(self._seq), job))
+        self._queue(job, 0 if job.urgent else 1)
         return job
 
     def promote(self, job: Job) -> None:
         """Serve an already queued job before everything that is not urgent."""
         if not job.urgent and not job.done.is_set():
             job.urgent = True
-            self._queues[job.direction].put((0, next(self._seq), job))
+            self._queue(job, 0)  # the old entry is skipped once the job is taken
 
     def cancel(self, job: Job) -> bool:
         """Drop ``job`` if no worker has taken it: it is then done, ``cancelled``, and moved
@@ -95,15 +144,32 @@ class MigrationEngine:
         job.done.set()
         return True
 
-    def _serve(self, q: queue.PriorityQueue[tuple[int, int, Job | None]]) -> None:
+    def wait(self, job: Job, timeout: float | None = None) -> bool:
+        """Wait for ``job`` to end, for at most ``timeout`` seconds; whether it has."""
+        if job.cancelled:  # it moved nothing; a Ctrl-C in ``cancel`` may have kept it from done
+            job.done.set()
+        elif not job.taken:  # a Ctrl-C in ``submit`` may have lost its wake-up
+            self._wake[job.direction].put(None)
+        return job.done.wait(timeout)
+
+    def _next(self, direction: str) -> Job | None:
+        with self._take:
+            queued = self._queued[direction]
+            while queued:
+                job = heapq.heappop(queued)[2]
+                if not job.taken:
+                    job.taken = True
+                    return job
+        return None
+
+    def _serve(self, direction: str) -> None:
+        wake = self._wake[direction]
         while True:
-            _, _, job = q.get()
-            if job is None:
-                return
-            with self._take:
-                taken, job.taken = job.taken, True
-            if not taken:  # else the other queue entry of a promoted job
+            wake.get()
+            while (job := self._next(direction)) is not None:
                 self._run(job)
+            if self._closing:
+                return
 
     def _run(self, job: Job) -> None:
         t0 = time.perf_counter()
@@ -119,9 +185,11 @@ class MigrationEngine:
         job.done.set()
 
     def close(self) -> None:
-        for q in self._queues.values():
-            for _ in range(len(self._threads)):
-                q.put((2, next(self._seq), None))
+        """Run every queued job, then stop the workers."""
+        self._closing = True
+        for wake in self._wake.values():
+            for _ in self._threads:  # one wake-up each is enough, a few more do no harm
+                wake.put(None)
         for t in self._threads:
             t.join(timeout=30)
 

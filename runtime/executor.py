@@ -335,12 +335,10 @@ class PlanExecutor(OpStream):
 
     def _await(self, job: Job) -> None:
         """Wait for ``job`` to finish; a transfer that never does ends the run with an error."""
-        if job.cancelled:  # moved nothing; an interrupt in ``cancel`` may have left it not done
-            job.done.set()
         if job.done.is_set():
             return
         timeout = _TRANSFER_TIMEOUT_S + job.nbytes / 10e6
-        if not job.done.wait(timeout):
+        if not self.engine.wait(job, timeout):
             raise StorageIOError(job.tensor_id, job.target or "the backend",
                                  f"the {job.direction} did not finish in {timeout:.0f} s")
 

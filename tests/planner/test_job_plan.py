@@ -77,7 +77,8 @@ def test_job_plan_round_trip_and_agreement(tmp_path: Path, job: tuple[dict[int, 
 
 
 def test_check_rank_without_a_section_or_world_size() -> None:
-    one = Plan(signature="s", parameters={}, summary={}, migrations={0: []}, op_names={0: ["aten.mm"]})
+    one = Plan(signature="s", parameters={}, summary={}, migrations={0: []}, op_names={0: ["aten.mm"]},
+               made_bytes={0: [0]})
     check_rank(one, 0, 1)  # a plan that does not say is for the ranks it has
     with pytest.raises(PlanFormatError, match="made for a job of 1 rank; this job has 2"):
         check_rank(one, 1, 2)

@@ -36,9 +36,9 @@ def plan(first_carried: dict[int, int] | None = None) -> Plan:
     first = None
     if first_carried is not None:
         first = Plan(signature="first", parameters={"gpu_mem_bytes": 900}, summary={}, migrations={0: []},
-                     op_names={0: ["a"] * 12}, carried_into_next={0: first_carried})
+                     op_names={0: ["a"] * 12}, made_bytes={0: [0] * 12}, carried_into_next={0: first_carried})
     return Plan(signature="s", parameters={"gpu_mem_bytes": 800}, summary={}, migrations={0: moves},
-                op_names={0: [f"op{i}" for i in range(N)]}, first=first)
+                op_names={0: [f"op{i}" for i in range(N)]}, made_bytes={0: [0] * N}, first=first)
 
 
 def sizes(known: dict[int, int]):  # type: ignore[no-untyped-def]

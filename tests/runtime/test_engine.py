@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import dis
+import functools
+import itertools
+import sys
 import threading
 import weakref
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any
 
 import torch
 
@@ -61,3 +68,83 @@ def test_a_job_no_worker_took_is_cancelled_and_a_running_one_is_not() -> None:
         assert engine.bytes_moved["write"] == 16 and list(engine.completed) == [queued, running, later]
     finally:
         engine.close()
+
+
+@functools.cache
+def _after_calls(code: CodeType) -> frozenset[int]:
+    """The offsets of ``code``'s instructions that follow a call."""
+    ins = list(dis.get_instructions(code))
+    return frozenset(b.offset for a, b in itertools.pairwise(ins) if a.opname.startswith("CALL"))
+
+
+def interrupted(call: Callable[[], object], at: int) -> bool:
+    """Run ``call`` with a KeyboardInterrupt raised at its ``at``-th point where a Ctrl-C can
+    land, in its own code or the standard library's; whether it was raised (``call`` had fewer
+    such points if not). Those points are where CPython runs signal handlers: as a function
+    starts, and after each call (a loop's jump back too, but the calls here have no loops)."""
+    points = 0
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal points
+        if event == "call":
+            frame.f_trace_opcodes = True
+        if event == "call" or (event == "opcode" and frame.f_lasti in _after_calls(frame.f_code)):
+            points += 1
+            if points == at:
+                raise KeyboardInterrupt
+        return trace
+
+    sys.settrace(trace)
+    try:
+        call()
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(None)
+    return False
+
+
+def interrupt_once(engine: MigrationEngine, name: str, at: int) -> bool:
+    """Call ``engine.<name>`` on a queued job with an interrupt at its ``at``-th point; then
+    the engine must serve a new job, and the queued one must end (unless it was ``submit``
+    that was interrupted: then it may never have been queued). Whether it was interrupted."""
+    gate, started = threading.Event(), threading.Event()
+    engine.submit(Job(0, "write", 0, lambda: (started.set(), gate.wait(30))))
+    assert started.wait(30)  # the only worker is busy: the next job stays queued
+    job = Job(1, "write", 0, lambda: None)
+    if name != "submit":
+        engine.submit(job)
+    call = functools.partial(engine.wait, job, 0.01) if name == "wait" else functools.partial(
+        getattr(engine, name), job)
+    hit = interrupted(call, at)
+    gate.set()
+    fresh = engine.submit(Job(2, "write", 0, lambda: None))
+    assert engine.wait(fresh, 30), f"{name}, point {at}: the engine stopped serving"
+    if name != "submit":
+        assert engine.wait(job, 30), f"{name}, point {at}: a queued job never ended"
+    return hit
+
+
+def test_a_ctrl_c_anywhere_in_the_main_threads_calls_leaves_the_engine_working() -> None:
+    """NOTE [ Ctrl-C and the engine ]: an interrupt inside ``queue.Queue.put`` left its lock
+    held, and `teraio run` hung at exit after a Ctrl-C. At every point of ``submit``,
+    ``promote``, ``cancel`` and ``wait`` where a Ctrl-C can land: the engine goes on serving,
+    and a job queued before it still ends. Driven from a thread so that a hang fails."""
+    tried: dict[str, int] = {}
+
+    def drive() -> None:
+        engine = MigrationEngine(num_workers=1)
+        try:
+            for name in ("submit", "promote", "cancel", "wait"):
+                at = 1
+                while interrupt_once(engine, name, at):
+                    at += 1
+                tried[name] = at
+        finally:
+            engine.close()
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    driver.join(60)
+    assert not driver.is_alive(), f"hung; points tried so far: {tried}"
+    assert set(tried) == {"submit", "promote", "cancel", "wait"} and min(tried.values()) > 3, tried
