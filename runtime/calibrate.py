@@ -21,44 +21,28 @@ runtime itself adds):
   trim and the page faults of making tensors of ``total_bytes`` again after it,
   over making them again without it, per byte; the median of ``rounds``.
 
-All are measured, never assumed; ``python -m runtime.calibrate`` prints them.
-``cached_cpu_costs`` measures them once per machine, swap file system and
-torch version and keeps them for a week (``$XDG_CACHE_HOME/teraio/cpu-costs.json``;
-measuring takes 10-15 s, which every ``teraio plan`` of a CPU profile paid).
+All are measured, never assumed; ``python -m runtime.calibrate`` prints them,
+and ``runtime.cpu_costs`` keeps them per machine for ``teraio plan``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from runtime.backends import PosixBackend
+from runtime.cpu_costs import CpuCosts
 from runtime.engine import Job, MigrationEngine
 from runtime.memory import trim
 from runtime.storage import byte_view, free_storage, realloc_storage
 
-__all__ = ["CpuCosts", "cache_path", "cached_cpu_costs", "measure_copy_cost", "measure_cpu_costs",
-           "measure_op_overhead", "measure_refault"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class CpuCosts:
-    copy_cost_s_per_byte: float
-    """Compute time lost per byte moved (out or back)."""
-    op_overhead_s: float
-    """Time the executor's dispatch mode adds to each op."""
-    refault_s_per_byte: float
-    """Time to fault memory in again after the boundary's trim, per byte."""
+__all__ = ["measure_copy_cost", "measure_cpu_costs", "measure_op_overhead", "measure_refault"]
 
 
 class _Compute:
@@ -193,51 +177,6 @@ def measure_cpu_costs(swap_dir: str | Path | None = None) -> CpuCosts:
     """All three figures; a few seconds."""
     return CpuCosts(copy_cost_s_per_byte=measure_copy_cost(swap_dir), op_overhead_s=measure_op_overhead(),
                     refault_s_per_byte=measure_refault())
-
-
-CACHE_DAYS = 7
-
-
-def cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "teraio" / "cpu-costs.json"
-
-
-def cached_cpu_costs(swap_dir: str | Path | None = None,
-                     measuring: Callable[[], None] | None = None) -> tuple[CpuCosts, str]:
-    """``measure_cpu_costs`` once per machine, swap file system and torch version, kept for
-    ``CACHE_DAYS`` in ``cache_path()``; the figures and how they were had (for a message).
-    ``measuring`` is called before a measurement (to say that it takes a while)."""
-    where = Path(swap_dir) if swap_dir is not None else Path(tempfile.gettempdir())
-    try:
-        dev = os.stat(where).st_dev
-    except OSError:
-        dev = -1
-    key = f"{socket.gethostname()}|{os.cpu_count()}|{torch.__version__}|{dev}"
-    path = cache_path()
-    try:
-        doc = json.loads(path.read_text())
-        entry = doc[key]
-        if time.time() - float(entry["measured_at"]) < CACHE_DAYS * 86400:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(entry["measured_at"])))
-            return CpuCosts(**entry["costs"]), f"measured on this machine {when}, kept in {path}; delete it " \
-                                               "to measure again"
-    except (OSError, ValueError, KeyError, TypeError):
-        doc = {}
-    if measuring is not None:
-        measuring()
-    costs = measure_cpu_costs(swap_dir)
-    if not isinstance(doc, dict):
-        doc = {}
-    doc[key] = {"measured_at": time.time(), "costs": dataclasses.asdict(costs)}
-    try:  # atomically: parallel plans may measure at once, and the last one's figures stay
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home: measured again next time
-    return costs, f"measured on this machine now, kept in {path} for {CACHE_DAYS} days"
 
 
 def main() -> None:

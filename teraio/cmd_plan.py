@@ -118,7 +118,7 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
         costs[field] = value * unit
     if profile.meta.get("device_type") != "cpu" or len(costs) == len(options):
         return {field: costs.get(field, 0.0) for field in options}, None
-    from runtime.calibrate import cached_cpu_costs
+    from runtime.cpu_costs import cached_cpu_costs
 
     measured, how = cached_cpu_costs(swap_dir, measuring=lambda: info(
         "measuring what moving tensors costs the compute on this machine, once (the profile ran on the "
