@@ -20,7 +20,6 @@ drops everything but the keys in ``keep``, whose bytes it leaves in files of a
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import mmap
 import os
@@ -106,8 +105,9 @@ class _Unlinker:
     """
 
     def __init__(self) -> None:
-        self._paths: queue.SimpleQueue[str | _Flush | None] = queue.SimpleQueue()
-        self._unlinked = 0  # since the last flush; the unlinking thread's own
+        self._paths: queue.SimpleQueue[str | Done | None] = queue.SimpleQueue()
+        self.unlinked = 0  # files unlinked so far; the unlinking thread's own
+        self._closed = False
         threading.Thread(target=self._serve, daemon=True, name="teraio-unlink").start()
 
     def delete(self, path: str) -> None:
@@ -118,40 +118,39 @@ class _Unlinker:
             return
         self._paths.put(gone)
 
-    def flush(self) -> bool:
-        """Wait for the deletes asked for so far; whether any were made since the last flush."""
-        marker = _Flush()
-        self._paths.put(marker)
-        marker.done.wait()
-        return marker.any
+    def flush(self) -> None:
+        """Wait for the deletes asked for so far."""
+        if not self._closed:
+            done = Done()
+            self._paths.put(done)
+            done.wait()
 
     def close(self) -> None:
         self.flush()
+        self._closed = True
         self._paths.put(None)
 
     def _serve(self) -> None:
         while (item := self._paths.get()) is not None:
-            if isinstance(item, _Flush):
-                item.any, self._unlinked = self._unlinked > 0, 0
-                item.done.set()
+            if isinstance(item, Done):
+                item.set()
                 continue
-            with contextlib.suppress(OSError):  # what is left goes with the directory at close
+            try:
                 os.unlink(item)
-            self._unlinked += 1
-
-
-class _Flush:
-    def __init__(self) -> None:
-        self.done = Done()
-        self.any = False
+            except OSError:
+                continue  # what is left goes with the directory at close
+            self.unlinked += 1
 
 
 def _after_deletes(unlinker: _Unlinker, write: Callable[[], None]) -> None:
-    """``write()``; if the disk is full, once more after the pending deletes (see ``_Unlinker``)."""
+    """``write()``; if the disk is full, once more after the pending deletes (see ``_Unlinker``),
+    if they freed anything since the write began (two workers can find it full at once)."""
+    before = unlinker.unlinked
     try:
         write()
     except BackendFull:
-        if not unlinker.flush():
+        unlinker.flush()
+        if unlinker.unlinked == before:
             raise
         write()
 

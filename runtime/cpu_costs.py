@@ -36,6 +36,15 @@ class CpuCosts:
 CACHE_DAYS = 7
 
 
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")  # without importing it
+    except importlib.metadata.PackageNotFoundError:  # a source build on the path
+        import torch
+
+        return str(torch.__version__)
+
+
 def cache_path() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "teraio" / "cpu-costs.json"
@@ -51,7 +60,7 @@ def cached_cpu_costs(swap_dir: str | Path | None = None,
         dev = os.stat(where).st_dev
     except OSError:
         dev = -1
-    key = f"{socket.gethostname()}|{os.cpu_count()}|{importlib.metadata.version('torch')}|{dev}"
+    key = f"{socket.gethostname()}|{os.cpu_count()}|{_torch_version()}|{dev}"
     path = cache_path()
     try:
         doc = json.loads(path.read_text())

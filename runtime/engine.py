@@ -129,8 +129,8 @@ class MigrationEngine:
     def promote(self, job: Job) -> None:
         """Serve an already queued job before everything that is not urgent."""
         if not job.urgent and not job.done.is_set():
-            job.urgent = True
             self._queue(job, 0)  # the old entry is skipped once the job is taken
+            job.urgent = True
 
     def cancel(self, job: Job) -> bool:
         """Drop ``job`` if no worker has taken it: it is then done, ``cancelled``, and moved

@@ -1,7 +1,4 @@
-"""transformers models (GPT-2, Llama, T5, BERT; configs built in code) in a plain training loop.
-
-``--arch gpt2,llama,t5,bert`` trains them side by side, a step of each per step (one
-profile and one run for all four: importing transformers takes 5 s a process here)."""
+"""A transformers model (GPT-2, Llama, T5 or BERT; configs built in code) in a plain training loop."""
 
 import argparse
 
@@ -36,38 +33,32 @@ def build(arch: str) -> torch.nn.Module:
     raise SystemExit(f"unknown --arch {arch}")
 
 
-def loss(arch: str, model: torch.nn.Module, g: torch.Generator) -> torch.Tensor:
-    ids = torch.randint(2, 256, (8, 32), generator=g)
-    if arch == "t5":
-        return model(input_ids=ids, labels=ids.flip(1)).loss
-    if arch == "bert":
-        masked = ids.masked_fill(torch.rand(ids.shape, generator=g) < 0.15, 1)
-        return model(input_ids=masked, labels=ids).loss
-    return model(input_ids=ids, labels=ids).loss
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--arch", default="gpt2", help="one or more of gpt2, llama, t5, bert, comma-separated")
+    p.add_argument("--arch", default="gpt2")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--save")
     args = p.parse_args()
     torch.manual_seed(0)
-    archs = args.arch.split(",")
-    models = {arch: build(arch).train() for arch in archs}
-    opts = {arch: torch.optim.AdamW(m.parameters(), lr=1e-3) for arch, m in models.items()}
+    model = build(args.arch)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     for step in range(args.steps):
-        losses = []
-        for arch, model in models.items():
-            out = loss(arch, model, g)
-            out.backward()
-            opts[arch].step()
-            opts[arch].zero_grad()
-            losses.append(repr(out.item()))
-        print(f"step {step} loss {' '.join(losses)}", flush=True)
+        ids = torch.randint(2, 256, (8, 32), generator=g)
+        if args.arch == "t5":
+            out = model(input_ids=ids, labels=ids.flip(1))
+        elif args.arch == "bert":
+            masked = ids.masked_fill(torch.rand(ids.shape, generator=g) < 0.15, 1)
+            out = model(input_ids=masked, labels=ids)
+        else:
+            out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print(f"step {step} loss {out.loss.item()!r}", flush=True)
     if args.save:
-        torch.save({f"{arch}.{k}": v for arch, m in models.items() for k, v in m.state_dict().items()}, args.save)
+        torch.save(model.state_dict(), args.save)
 
 
 if __name__ == "__main__":
