@@ -119,11 +119,12 @@ class _Unlinker:
         self._paths.put(gone)
 
     def flush(self) -> None:
-        """Wait for the deletes asked for so far."""
+        """Wait for the deletes asked for so far (at most a minute: a worker's flush that races
+        ``close`` may find the thread gone)."""
         if not self._closed:
             done = Done()
             self._paths.put(done)
-            done.wait()
+            done.wait(60)
 
     def close(self) -> None:
         self.flush()
