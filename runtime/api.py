@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from planner.plan import Plan, load_plan
+from planner.plan import Plan, check_rank, load_plan
 from runtime.backends import Backend, HostBackend, KvikioBackend, PosixBackend
 from runtime.engine import MigrationEngine
 from runtime.errors import SwapKeptError
@@ -100,6 +100,9 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     if rank is None:
         rank = int(os.environ.get("RANK", 0))
     run_plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    if rank not in run_plan.migrations:  # it would run with nothing moved, silently
+        check_rank(run_plan, rank, int(os.environ.get("WORLD_SIZE", run_plan.job_size)),
+                   "plan" if isinstance(plan, Plan) else plan)
     if torch.cuda.is_available():
         why = first_iteration_warning(run_plan, torch.cuda.mem_get_info()[1])
         if why is not None:
@@ -112,7 +115,13 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
             host_bytes = DEFAULT_HOST_POOL_BYTES
     backends = make_backends(backend, swap_dir, min(host_bytes, MAX_HOST_POOL_BYTES))
     engine = MigrationEngine(num_workers)
-    executor = PlanExecutor(run_plan, backends, engine, rank)
+    try:
+        executor = PlanExecutor(run_plan, backends, engine, rank)
+    except BaseException:  # nothing is out yet: stop the threads and remove the swap directories
+        engine.close()
+        for b in {id(b): b for b in backends.values()}.values():
+            b.close({})
+        raise
     old_term = _term_as_exit()
     t0 = time.perf_counter()
     reset_peak_rss()

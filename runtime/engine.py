@@ -179,8 +179,9 @@ class MigrationEngine:
             job.error = exc
         job.busy_s = time.perf_counter() - t0
         if job.error is None:
-            self.bytes_moved[job.direction] += job.nbytes
-            self.busy_s[job.direction] += job.busy_s
+            with self._take:  # two workers of a direction may end at once
+                self.bytes_moved[job.direction] += job.nbytes
+                self.busy_s[job.direction] += job.busy_s
         self.completed.append(job)
         job.done.set()
 

@@ -11,9 +11,11 @@ the storage lives, and a weak reference tells us when it is freed.
 from __future__ import annotations
 
 import functools
+import queue
 import signal
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -225,9 +227,21 @@ class StorageIds:
 # later (``signal.pthread_kill`` from a timer thread; sent from the handler itself it would
 # run the handler again at once, still inside the callback), and again while the callback
 # lasts. A real signal, not ``_thread.interrupt_main``: it interrupts a blocking wait, and the
-# handler in force by then acts, the default action included.
+# handler in force by then acts, the default action included. The handler only puts the signal
+# on a ``SimpleQueue`` (C code, whole or not at all) for one daemon thread started beforehand:
+# starting a thread (or a ``threading.Timer``) in the handler takes Python-level locks that a
+# second signal could leave held (NOTE [ Ctrl-C and the engine ] in runtime.engine).
 _CALLBACK_CODES = frozenset({StorageIds._freed.__code__, StorageIds._free.__code__})
 _REDELIVER_S = 0.01
+_redeliveries: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()  # (thread ident, signal)
+_redeliverer: threading.Thread | None = None
+
+
+def _redeliver() -> None:
+    while True:
+        thread, signum = _redeliveries.get()
+        time.sleep(_REDELIVER_S)
+        signal.pthread_kill(thread, signum)
 
 
 def _in_callback(frame: FrameType | None) -> bool:
@@ -244,8 +258,12 @@ def signals_outside_callbacks() -> Iterator[None]:
     free callbacks ]). Main thread only; elsewhere, and for a handler that is not Python's, a
     no-op. At exit a handler is restored only where the wrapper is still in place (one the body
     installed stays)."""
+    global _redeliverer
     wrapped: dict[signal.Signals, tuple[Any, Any]] = {}
     if threading.current_thread() is threading.main_thread() and sys.platform != "win32":
+        if _redeliverer is None or not _redeliverer.is_alive():  # none yet, or a forked child
+            _redeliverer = threading.Thread(target=_redeliver, daemon=True, name="teraio-redeliver")
+            _redeliverer.start()
         for sig in (signal.SIGINT, signal.SIGTERM):
             handler = signal.getsignal(sig)
             if callable(handler):
@@ -266,9 +284,7 @@ def _deferring(handler: Callable[[int, FrameType | None], Any]) -> Callable[[int
 
     def deferring(signum: int, frame: FrameType | None) -> Any:
         if _in_callback(sys._getframe(1)):
-            timer = threading.Timer(_REDELIVER_S, signal.pthread_kill, (main, signum))
-            timer.daemon = True
-            timer.start()
+            _redeliveries.put((main, signum))
             return None
         return handler(signum, frame)
 

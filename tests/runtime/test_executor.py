@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from planner.errors import PlanFormatError
 from planner.plan import Migration, Plan
 from profiles import Profile, inactive_periods, made_bytes
 from runtime.api import first_iteration_warning, offload
@@ -146,6 +148,16 @@ def test_bit_identical_with_offloading(plan: Plan, backend: str, tmp_path: Path)
     assert ex.stats.bytes_read["ssd"] <= ex.stats.bytes_written["ssd"]
     assert not ex.unfollowed and ex.matched_iterations >= 4
     assert not list(tmp_path.iterdir())  # swap directory removed
+
+
+def test_a_rank_the_plan_has_no_section_for_is_refused(plan: Plan, tmp_path: Path) -> None:
+    """Through the API too (`teraio run` checks it first): such a rank would train with nothing
+    moved. Refused before any thread starts or swap directory is made."""
+    threads = {t.name for t in threading.enumerate()}
+    with pytest.raises(PlanFormatError, match="no section for rank 3"), offload(plan, rank=3, swap_dir=tmp_path):
+        pass
+    assert not list(tmp_path.iterdir())
+    assert {t.name for t in threading.enumerate()} <= threads
 
 
 def test_offloading_lowers_tracked_peak(plan: Plan) -> None:
