@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from tests.conftest import ROOT, run_teraio
+from tests.compat import zygote
+from tests.conftest import ROOT
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT_S = 300
@@ -39,20 +40,21 @@ class Outcome:
     profile_stderr: str = ""
 
 
-def start_plain(script: Path, args: list[str], tmp: Path) -> subprocess.Popen[str]:
+def teraio(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m teraio ARGS`, forked from the zygote (tests/compat/zygote.py)."""
+    return zygote.start(["-m", "teraio", *args], cwd, cwd / "logs").wait(TIMEOUT_S)
+
+
+def start_plain(script: Path, args: list[str], tmp: Path) -> zygote.Child:
     """The script without teraio, started in the background (``finish_plain`` collects it)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, str(script), *args, "--save", str(tmp / "plain.pt")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+    return zygote.start([script, *args, "--save", tmp / "plain.pt"], tmp, tmp / "logs")
 
 
-def finish_plain(proc: subprocess.Popen[str], tmp: Path) -> Outcome:
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
-    return Outcome(losses(out), torch.load(tmp / "plain.pt"), out, err)
+def finish_plain(child: zygote.Child, tmp: Path) -> Outcome:
+    r = child.wait(TIMEOUT_S)
+    assert r.returncode == 0, r.stderr
+    return Outcome(losses(r.stdout), torch.load(tmp / "plain.pt"), r.stdout, r.stderr)
 
 
 def plain(script: Path, args: list[str], tmp: Path) -> Outcome:
@@ -75,21 +77,21 @@ def through_teraio(script: Path, args: list[str], tmp: Path, share: str = "50%",
                    profile_opts: tuple[str, ...] = (), backend: str = "posix") -> Outcome:
     """Profile, plan at ``share`` of the peak (or the smallest budget any plan meets), run."""
     prof = tmp / "profile"
-    r = run_teraio("profile", script, "--out", prof, *profile_opts, "--", *args, cwd=tmp, timeout=TIMEOUT_S)
+    r = teraio("profile", script, "--out", prof, *profile_opts, "--", *args, cwd=tmp)
     assert r.returncode == 0, r.stderr
     profile_stderr = r.stderr
     plan = tmp / "plan.json"
-    r = run_teraio("plan", prof, "--gpu-mem", share, "--ssd-bw", "2", "--host-mem", "64M", "--out", plan,
-                   "--json", cwd=tmp, timeout=TIMEOUT_S)
+    r = teraio("plan", prof, "--gpu-mem", share, "--ssd-bw", "2", "--host-mem", "64M", "--out", plan, "--json",
+               cwd=tmp)
     if r.returncode != 0 and "--gpu-mem min" in r.stderr:
-        r = run_teraio("plan", prof, "--gpu-mem", "min", "--ssd-bw", "2", "--host-mem", "64M", "--out",
-                       plan, "--json", cwd=tmp, timeout=TIMEOUT_S)
+        r = teraio("plan", prof, "--gpu-mem", "min", "--ssd-bw", "2", "--host-mem", "64M", "--out", plan, "--json",
+                   cwd=tmp)
     assert r.returncode == 0, r.stderr
     plan_stderr = r.stderr
     doc = json.loads(plan.read_text())
     out = tmp / "teraio.pt"
-    r = run_teraio("run", "--plan", plan, "--backend", backend, "--swap-dir", tmp, "--report",
-                   tmp / "run.json", script, "--", *args, "--save", out, cwd=tmp, timeout=TIMEOUT_S)
+    r = teraio("run", "--plan", plan, "--backend", backend, "--swap-dir", tmp, "--report", tmp / "run.json",
+               script, "--", *args, "--save", out, cwd=tmp)
     assert r.returncode == 0, r.stderr
     return Outcome(losses(r.stdout), torch.load(out), r.stdout, r.stderr,
                    json.loads((tmp / "run.json").read_text()), doc,
