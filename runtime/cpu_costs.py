@@ -34,6 +34,7 @@ class CpuCosts:
 
 
 CACHE_DAYS = 7
+METHOD = 2  # of ``runtime.calibrate``: figures measured another way are measured again
 
 
 def _torch_version() -> str:
@@ -60,7 +61,7 @@ def cached_cpu_costs(swap_dir: str | Path | None = None,
         dev = os.stat(where).st_dev
     except OSError:
         dev = -1
-    key = f"{socket.gethostname()}|{os.cpu_count()}|{_torch_version()}|{dev}"
+    key = f"{socket.gethostname()}|{os.cpu_count()}|{_torch_version()}|{dev}|{METHOD}"
     path = cache_path()
     try:
         doc = json.loads(path.read_text())
