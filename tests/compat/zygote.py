@@ -16,10 +16,12 @@ code (negative: the signal that ended it) to the file ``rc``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import threading
@@ -126,12 +128,19 @@ class Child:
     err: Path
     rc: Path
 
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
     def wait(self, timeout: float) -> subprocess.CompletedProcess[str]:
         """The child's exit code and output; killed (and ``TimeoutExpired``) after ``timeout`` s."""
         end = time.monotonic() + timeout
         while not self.rc.exists():
+            if _zygote is not None and _zygote.poll() is not None and not self.rc.exists():
+                self._kill()  # no one is left to say how it ended
+                raise RuntimeError(f"the compat tests' zygote died while {self.argv} ran")
             if time.monotonic() > end:
-                os.kill(self.pid, 9)
+                self._kill()
                 raise subprocess.TimeoutExpired(self.argv, timeout, self.out.read_text(), self.err.read_text())
             time.sleep(0.02)
         return subprocess.CompletedProcess(self.argv, int(self.rc.read_text()), self.out.read_text(),
