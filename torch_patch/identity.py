@@ -104,11 +104,16 @@ class StorageIds:
     NOTE [ Frees on other threads ]: a storage handed to a collective may be freed
     on the backend's thread (gloo's worker drops the last reference when its Work
     is released), while the training thread dispatches ops. The free is then only
-    queued, and applied on the owning thread at its next lookup (``get``,
-    ``assign``) or ``drain``: every id and every ``on_free`` changes on one thread.
-    A key (``id()`` of the storage object) can be reused by a new storage only
-    after the old object's weak-reference callback ran, so a lookup that drains
-    first never mistakes a new storage for the old one.
+    queued, and applied by the next lookup (``get``, ``assign``, ``move``) or
+    ``drain``. Lookups come only from the thread dispatching ops: the training
+    thread, or on CUDA autograd's device thread, which runs backward while the
+    training thread waits in ``backward()`` (the two never dispatch at once), so
+    every id and every ``on_free`` changes on the dispatching thread. A key
+    (``id()`` of the storage object) can be reused by a new storage only after the
+    old object's weak-reference callback ran, so a lookup that drains first never
+    mistakes a new storage for the old one. (Draining on the training thread only
+    broke this on CUDA: backward's lookups found the ids of storages freed there,
+    their keys reused, and the profiler saw other tensors in every step.)
     """
 
     def __init__(self, on_free: Callable[[int], None] | None = None) -> None:
@@ -190,9 +195,7 @@ class StorageIds:
             self.assign(new, tid)
 
     def drain(self) -> None:
-        """Apply the frees that happened on other threads; on another thread, nothing."""
-        if threading.get_ident() != self._thread:
-            return
+        """Apply the frees queued on other threads (NOTE [ Frees on other threads ])."""
         while self._pending:
             self._free(*self._pending.popleft())
 

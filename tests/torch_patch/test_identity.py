@@ -1,5 +1,6 @@
 """Storage identity across threads: frees and in-place releases on another thread are queued
-and applied on the owning thread (NOTE [ Frees on other threads ])."""
+and applied by the next lookup, on whichever thread dispatches ops (NOTE [ Frees on other
+threads ])."""
 
 from __future__ import annotations
 
@@ -15,26 +16,44 @@ import torch
 from torch_patch.identity import StorageIds, signals_outside_callbacks
 
 
-def test_a_release_on_another_thread_is_applied_on_the_owning_thread() -> None:
+def test_a_release_on_another_thread_is_applied_by_the_next_lookup() -> None:
     freed: list[int] = []
     ids = StorageIds(on_free=freed.append)
     kept, other = torch.ones(4).untyped_storage(), torch.ones(8).untyped_storage()
     ids.assign(kept, 1)
     ids.assign(other, 2)
     got: list[int | None] = []
-    def off_thread() -> None:
-        got.append(ids.release(other))
-        got.append(ids.get(other))  # a lookup there applies nothing either
-
-    worker = threading.Thread(target=off_thread)
+    worker = threading.Thread(target=lambda: got.append(ids.release(other)))
     worker.start()
     worker.join()
-    assert got == [2, 2] and freed == []  # queued: nothing changes off the owning thread
+    assert got == [2] and freed == []  # queued: nothing changes off the owning thread by itself
     assert ids.get(kept) == 1  # the next lookup applies it
     assert freed == [2] and ids.get(other) is None and ids.storage(2) is None
     assert ids.release(kept) == 1 and freed == [2, 1]  # on the owning thread: at once
 
 
+def test_a_lookup_on_the_dispatching_thread_applies_its_queued_frees() -> None:
+    """CUDA's autograd runs backward on a device thread: its lookups must see the frees queued
+    there, or a new storage whose key (``id()``) was the freed one's would get the old id."""
+    freed: list[int] = []
+    ids = StorageIds(on_free=freed.append)
+    got: list[int | None] = []
+
+    def backward_thread() -> None:
+        storage = torch.ones(8).untyped_storage()
+        ids.assign(storage, 3)
+        key = id(storage)
+        del storage  # freed on this thread: queued
+        for _ in range(1000):  # find a new storage object at the freed one's address
+            new = torch.ones(8).untyped_storage()
+            if id(new) == key:
+                got.append(ids.get(new))
+                return
+
+    worker = threading.Thread(target=backward_thread)
+    worker.start()
+    worker.join()
+    assert got == [None] and freed == [3]  # a new storage, and the old one's free applied
 def test_a_ctrl_c_that_lands_in_a_free_callback_is_not_lost() -> None:
     """A signal's handler can run inside the weak-reference callback of a free, where its
     exception would be dropped; it acts once the callback returns (NOTE [ Signals in free
