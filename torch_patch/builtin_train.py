@@ -323,7 +323,8 @@ def _train_pipeline(cfg: TrainConfig, steps: int, model_cfg: DecoderConfig, job:
     for _ in range(steps):
         # the whole batch; the schedule splits it into micro-batches along the batch
         tokens = torch.randint(0, vocab, (cfg.batch, cfg.seq + 1)) if has_first or has_last else None
-        inputs = (tokens[:, :-1],) if tokens is not None and has_first else ()
+        # contiguous: PyTorch 2.11 checks the stage input's strides against the (mb, seq) it was built with
+        inputs = (tokens[:, :-1].contiguous(),) if tokens is not None and has_first else ()
         if tokens is not None and has_last:
             schedule.step(*inputs, target=tokens[:, 1:], losses=[])
         else:
