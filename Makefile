@@ -39,6 +39,7 @@ bench: install
 	$(PY) bench/fake_scale.py
 	$(PY) bench/policies.py
 	$(PY) bench/rok.py --plot bench-out/rok.png
+	$(PY) bench/rok_gpu.py --plot bench-out/rok-gpu.png
 	$(PY) bench/fidelity.py
 	$(PY) bench/compile.py
 	$(PY) bench/jobs.py

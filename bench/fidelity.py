@@ -17,6 +17,11 @@ against measured:
 Errors are |measured - predicted| / measured.
 
     python bench/fidelity.py [--sizes small wide] [--steps 6]
+    python bench/fidelity.py --gpu [--sizes tiny 2k 4k]
+
+With ``--gpu``: the sizes of bench/rok_gpu.py, plans at the pinned link's measured bandwidth
+(no copy costs on the compute: the GPU's copy engines move the bytes) and `teraio run` with the
+host backend, pinned.
 
 The last line: ``time_error_max=... peak_error_max=...`` (fractions, the worst
 case of all), then each size's worst.
@@ -37,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quiet  # noqa: E402
 from demo import EXAMPLE, losses, sh, teraio  # noqa: E402
 from rok import MIB, SIZES, machine  # noqa: E402
+from rok_gpu import GPU_SIZES, pinned_bandwidth  # noqa: E402
 from run_overhead import steps  # noqa: E402
 
 from planner import problem_from_profile  # noqa: E402
@@ -46,21 +52,33 @@ from profiles import read_profile  # noqa: E402
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    p.add_argument("--sizes", nargs="+", default=None, choices=[*SIZES, *GPU_SIZES],
+                   help=f"default: {' '.join(SIZES)}, or with --gpu 2k 4k")
+    p.add_argument("--gpu", action="store_true", help="on a CUDA device: host backend, pinned")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--swap-dir", default=None)
     p.add_argument("--quiet-budget", type=float, default=quiet.BUDGET_S,
                    help="seconds the whole bench may spend waiting for an idle machine and repeating runs "
                         "another process disturbed (bench/quiet.py)")
     args = p.parse_args()
+    sizes = GPU_SIZES if args.gpu else SIZES
+    args.sizes = args.sizes or (["2k", "4k"] if args.gpu else list(SIZES))
+    if not set(args.sizes) <= set(sizes):
+        p.error(f"--sizes: choose from {' '.join(sizes)}" + (" with --gpu" if args.gpu else " without --gpu"))
     quiet.BUDGET_S = args.quiet_budget
     started = time.monotonic()
     rows = []
     with tempfile.TemporaryDirectory(prefix="teraio-fidelity-", dir=args.swap_dir) as d:
         work = Path(d)
-        plan_args = machine(work)
+        if args.gpu:
+            d2h, h2d = pinned_bandwidth()
+            print(f"pinned copies: device to host {d2h / 1e9:.1f} GB/s, host to device {h2d / 1e9:.1f} GB/s",
+                  flush=True)
+            plan_args = ["--ssd-write-bw", f"{d2h / 1e9:.3f}", "--ssd-read-bw", f"{h2d / 1e9:.3f}"]
+        else:
+            plan_args = machine(work)
         for size in args.sizes:
-            ex = [*SIZES[size], "--steps", str(args.steps)]
+            ex = [*sizes[size], "--steps", str(args.steps)]
             prof = work / f"profile-{size}"
             quiet.sh(*teraio("profile", EXAMPLE, "--out", prof, "--force", "--", *ex))
             plain_run = quiet.sh(sys.executable, EXAMPLE, *ex, "--timing")
@@ -74,7 +92,8 @@ def main() -> None:
                 plan, report = work / f"plan-{size}-{share}.json", work / "run.json"
                 sh(*teraio("plan", prof, "--gpu-mem", str(budget), *plan_args, "--no-compare", "--out", plan),
                    quiet=True)
-                run = quiet.sh(*teraio("run", "--plan", plan, "--backend", "posix", "--swap-dir", work,
+                backend = ["--backend", "host", "--host-mem", str(peak)] if args.gpu else ["--backend", "posix"]
+                run = quiet.sh(*teraio("run", "--plan", plan, *backend, "--swap-dir", work,
                                  "--report", report, EXAMPLE, "--", *ex))
                 if losses(run.stdout) != plain:
                     raise SystemExit(f"fidelity: {size} {share}: losses differ from the plain run's")

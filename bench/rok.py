@@ -182,14 +182,18 @@ def print_table(size: str, ex: list[str], configs: list[Config]) -> None:
               f"{c.tokens_per_s(tokens) / keep.tokens_per_s(tokens):.2f}x |")
 
 
-def plot(path: Path, results: dict[str, tuple[list[str], list[Config]]]) -> None:
+def plot(path: Path, results: dict[str, tuple[list[str], list[Config]]],
+         xlabel: str = "peak tracked memory (MiB)",
+         title: str = "recompute-offload-keep (ROK) curve, example GPT on the CPU (bench/rok.py)") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
-    marks = {"keep": ("o", "C0"), "recompute": ("s", "C3"), "teraio+ckpt": ("D", "C2"), "teraio": ("^", "C1")}
+    marks = {"keep": ("o", "C0"), "recompute": ("s", "C3"), "teraio+ckpt": ("D", "C2"), "teraio": ("^", "C1"),
+             "save_on_cpu": ("v", "C4"), "torchtune": ("P", "C5"), "compile": ("X", "C7"), "compiled": ("*", "C6"),
+             "compiled_sync": ("h", "C8")}
     for ax, (size, (ex, configs)) in zip(axes[0], results.items(), strict=True):
         tokens = _arg(ex, "--batch", 8) * _arg(ex, "--seq", 128)
         for kind, (marker, color) in marks.items():
@@ -199,13 +203,13 @@ def plot(path: Path, results: dict[str, tuple[list[str], list[Config]]]) -> None
                 ax.plot(*zip(*pts, strict=True), marker=marker, color=color, label=kind,
                         linestyle="-" if len(pts) > 1 else "none")
         ax.set_title(f"{size}: {' '.join(ex)}", fontsize=8)
-        ax.set_xlabel("peak tracked memory (MiB)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("throughput (tokens/s)")
         ax.set_ylim(bottom=0)
         ax.set_xlim(left=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("recompute-offload-keep (ROK) curve, example GPT on the CPU (bench/rok.py)", fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

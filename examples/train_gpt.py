@@ -11,8 +11,11 @@ runs can be compared as text. Nothing here knows about teraio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +108,48 @@ def peak_rss_mib() -> float | None:
     return None
 
 
+def offloading(kind: str | None, model: nn.Module) -> tuple[Callable[..., Any], Any]:
+    """(the model to step, a context for its forward pass) for ``--offload``: the activation
+    offloading a user would pick instead of teraio on one GPU (bench/rok_gpu.py compares them).
+
+    - ``save_on_cpu``: ``torch.autograd.graph.save_on_cpu(pin_memory=True)``: every tensor saved
+      for backward goes to pinned host memory when saved and comes back when backward needs it,
+      synchronously.
+    - ``torchtune``: torchtune's ``OffloadActivations`` (pinned memory, a side stream, its
+      defaults), one instance for the whole run as torchtune's recipes use it.
+    - ``compiled``: torch.compile with PyTorch's compiled activation offloading
+      (``torch._functorch.config.enable_activation_offloading``, its side stream, wait sinking and
+      reload prefetch where this PyTorch has them); ``compiled_sync``: the same without the side
+      stream (synchronous copies in the graph). Nodes are marked for offload through
+      ``joint_custom_pass`` setting ``node.meta["should_offload"]``, as PyTorch's own tests do; the
+      partitioner offloads those of them it saves for backward. (``CheckpointPolicy.MUST_CPU_OFFLOAD``
+      exists in 2.11-2.13, but no partitioner code reads it there.)
+    """
+    if kind == "save_on_cpu":
+        return model, torch.autograd.graph.save_on_cpu(pin_memory=True)
+    if kind == "torchtune":
+        from torchtune.training import OffloadActivations
+
+        return model, OffloadActivations()
+    if kind in ("compiled", "compiled_sync"):
+        import torch._functorch.config as functorch_config
+
+        def mark_all(gm: Any, _inputs: Any) -> Any:
+            for node in gm.graph.nodes:
+                if node.op == "call_function":
+                    node.meta["should_offload"] = True
+            return gm
+
+        side_stream = kind == "compiled"
+        for name, value in [("enable_activation_offloading", True), ("joint_custom_pass", mark_all),
+                            ("activation_offload_separate_stream", side_stream),
+                            ("activation_offload_sink_wait", side_stream), ("activation_reload_prefetch", side_stream)]:
+            if hasattr(functorch_config, name):
+                setattr(functorch_config, name, value)
+        return torch.compile(model), contextlib.nullcontext()
+    return model, contextlib.nullcontext()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=4)
@@ -125,6 +170,9 @@ def main() -> None:
     p.add_argument("--checkpoint", action="store_true",
                    help="activation checkpointing per transformer block (torch.utils.checkpoint, "
                         "use_reentrant=False): the blocks' activations are recomputed in backward")
+    p.add_argument("--offload", choices=["save_on_cpu", "torchtune", "compiled", "compiled_sync"],
+                   help="offload activations to host memory the way a user would without teraio "
+                        "(see offloading() in this file); the compiled ones imply torch.compile")
     p.add_argument("--save", help="write the final parameters here (torch.save of state_dict)")
     p.add_argument("--timing", action="store_true",
                    help="also print each step's wall time, its peak RSS (MiB, Linux) and on CUDA its "
@@ -140,7 +188,9 @@ def main() -> None:
     model = GPT(args.vocab, args.seq, args.layers, args.hidden, args.heads,
                 checkpointed=args.checkpoint).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=True if args.foreach else None)
-    step_model = torch.compile(model) if args.compile else model
+    step_model, forward_context = offloading(args.offload, model)
+    if args.compile and args.offload not in ("compiled", "compiled_sync"):
+        step_model = torch.compile(model)
     for step in range(args.steps):
         if args.timing:
             reset_peak_rss()
@@ -148,7 +198,8 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         tokens = batch(gen, args.vocab, args.batch, args.seq, args.device)
-        logits = step_model(tokens[:, :-1])
+        with forward_context:
+            logits = step_model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
