@@ -148,3 +148,20 @@ def test_a_ctrl_c_anywhere_in_the_main_threads_calls_leaves_the_engine_working()
     driver.join(60)
     assert not driver.is_alive(), f"hung; points tried so far: {tried}"
     assert set(tried) == {"submit", "promote", "cancel", "wait"} and min(tried.values()) > 3, tried
+
+
+def test_every_waiter_of_a_job_wakes() -> None:
+    """Two threads waiting for one job both wake when it ends (``Done`` had one wake-up)."""
+    from runtime.engine import Done
+
+    done = Done()
+    woke: list[bool] = []
+    waiters = [threading.Thread(target=lambda: woke.append(done.wait(30))) for _ in range(2)]
+    for w in waiters:
+        w.start()
+    while not all(w.is_alive() for w in waiters):
+        pass
+    done.set()
+    for w in waiters:
+        w.join(10)
+    assert woke == [True, True]
