@@ -45,8 +45,7 @@ class Done:
     """Whether a job has ended: ``threading.Event``'s ``set``, ``is_set`` and ``wait``, safe
     to interrupt (NOTE [ Ctrl-C and the engine ]). The flag is set before the wake-up is
     sent, so a wait that an interrupt robs of its wake-up still finds the flag. A waiter
-    that takes the one wake-up puts it back, so every waiter wakes (on CUDA the training
-    thread and autograd's device thread can both wait for a job)."""
+    that takes the one wake-up puts it back, so every waiter wakes."""
 
     __slots__ = ("_set", "_wake")
 
