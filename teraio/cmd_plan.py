@@ -249,7 +249,9 @@ def plan(
     gpu_mem: Annotated[str | None, typer.Option(
         help=f"Device memory to fit in, e.g. 80G ({_SIZE_HELP}); or a share of the profiled peak, "
              "e.g. 50%; or min, the smallest capacity any plan can meet. Default: the profiled "
-             "device's.",
+             "device's. It bounds the bytes of the tensors ops see: on a real GPU leave room for "
+             "CUDA's context, libraries' workspaces and what ops allocate inside themselves "
+             "(`teraio run` reports CUDA's own peak).",
         show_default=False)] = None,
     ssd_bw: Annotated[str, typer.Option(help="SSD bandwidth each way in GB/s (1e9 bytes/s).")] = "16",
     ssd_read_bw: Annotated[str | None, typer.Option(

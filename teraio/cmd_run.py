@@ -39,6 +39,13 @@ def _summary(r: dict[str, Any]) -> str:
     if r["compiled"]:
         lines.append(f"torch.compile ({', '.join(r['compiled'])}) ran eagerly under teraio: results "
                      "match the eager model's")
+    cuda, budget = r.get("peak_cuda_allocated_bytes"), pred.get("gpu_mem_bytes")
+    if cuda is not None:
+        over = budget is not None and cuda > 1.02 * budget
+        lines.insert(1, f"peak CUDA allocated {_mib(cuda)} from iteration 1" + (
+            f", {_mib(cuda - budget)} over the plan's {_mib(budget)}: CUDA also counts the memory ops "
+            "allocate inside themselves and libraries' workspaces, which teraio does not track; "
+            "plan with that much less --gpu-mem" if over else ""))
     if r["first_iteration_peak_bytes"] is not None:
         budget = r["first_iteration_budget_bytes"]
         lines.insert(1, f"iteration 0 (set-up, optimizer state made): peak tracked memory "

@@ -68,6 +68,20 @@ def test_run_under_a_plan_is_bit_identical_and_within_budget(
     assert report["unfollowed_iterations"] == []
     assert_within_budget(report, budget)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("teraio-swap")] == []
+    assert_cuda_peak_reported(report, budget)
+
+
+def assert_cuda_peak_reported(report: dict, budget: int) -> None:
+    """The summary names CUDA's allocated peak (CUDA only) and says when it is over the budget:
+    CUDA counts memory teraio does not track (BENCHMARKS.md, the H100's ROK curve)."""
+    from teraio.cmd_run import _summary
+
+    has_cuda = report["peak_cuda_allocated_bytes"] is not None
+    assert ("peak CUDA allocated" in _summary(report)) == has_cuda
+    over = {**report, "peak_cuda_allocated_bytes": int(budget * 1.1)}  # as on the H100 at small budgets
+    assert "over the plan's" in _summary(over) and "less --gpu-mem" in _summary(over)
+    under = {**report, "peak_cuda_allocated_bytes": budget}
+    assert "peak CUDA allocated" in _summary(under) and "over the plan's" not in _summary(under)
 
 
 def assert_within_budget(report: dict, budget: int) -> None:
