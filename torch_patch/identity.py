@@ -98,121 +98,151 @@ def persistent_names(
     return out, param_names
 
 
+class _Slot:
+    """One tracked storage: its weak reference, its id, and whether its free was applied."""
+
+    __slots__ = ("ref", "tid", "done")
+
+    def __init__(self, ref: weakref.ref[torch.UntypedStorage], tid: int) -> None:
+        self.ref = ref
+        self.tid = tid
+        self.done = False
+
+
 class StorageIds:
     """Live storages -> tensor ids, with a callback when a tracked storage is freed.
 
-    NOTE [ Frees on other threads ]: a storage handed to a collective may be freed
-    on the backend's thread (gloo's worker drops the last reference when its Work
-    is released), while the training thread dispatches ops. The free is then only
-    queued, and applied by the next lookup (``get``, ``assign``, ``move``) or
-    ``drain``. Lookups come only from the thread dispatching ops: the training
-    thread, or on CUDA autograd's device thread, which runs backward while the
-    training thread waits in ``backward()`` (the two never dispatch at once), so
-    every id and every ``on_free`` changes on the dispatching thread. A key
-    (``id()`` of the storage object) can be reused by a new storage only after the
-    old object's weak-reference callback ran, so a lookup that drains first never
-    mistakes a new storage for the old one. (Draining on the training thread only
-    broke this on CUDA: backward's lookups found the ids of storages freed there,
-    their keys reused, and the profiler saw other tensors in every step.)
+    NOTE [ Frees on other threads ]: ids change, and ``on_free`` runs, only on the
+    thread that dispatches ops, in op order. That is the training thread, or on
+    CUDA autograd's device thread, which runs backward while the training thread
+    waits in ``backward()``; the op stream calls ``dispatching`` before each op, so
+    the dispatching thread is always the last one that ran an op. A storage freed on
+    that thread is applied at once, as on the CPU. One freed elsewhere is only
+    queued: a collective's buffer that gloo's worker drops, a copy an asynchronous
+    checkpoint writer lets go. The queue is applied when the dispatching thread next
+    runs an op or looks an id up. Lookups from other threads (``torch.save`` on a
+    checkpoint writer's thread, a resize) apply nothing.
+
+    Every lookup checks the storage against its slot's weak reference. A key
+    (``id()`` of the storage object) can be taken by a new storage once the old
+    object is gone, while the old one's free is still queued; the new storage is
+    then unknown, not the old one. (Before, draining only on the training thread
+    broke this on CUDA: backward's lookups found the ids of storages freed on the
+    device thread, whose keys new storages had taken. Draining on any thread that
+    looked up ran ``on_free`` on a checkpoint writer's thread, beside the training
+    thread's ops, and recorded backward's frees one op late.)
     """
 
     def __init__(self, on_free: Callable[[int], None] | None = None) -> None:
-        self._ids: dict[int, int] = {}  # id(UntypedStorage) -> tensor id
-        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self._slots: dict[int, _Slot] = {}  # id(UntypedStorage) -> its slot
         self._keys: dict[int, int] = {}  # tensor id -> id(UntypedStorage), the latest one
-        self._thread = threading.get_ident()
-        self._pending: deque[tuple[int, weakref.ref[torch.UntypedStorage]]] = deque()
+        self._thread = threading.get_ident()  # the thread dispatching ops
+        self._pending: deque[tuple[int, _Slot]] = deque()
         self.on_free = on_free
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._slots)
+
+    def dispatching(self) -> None:
+        """The calling thread dispatches the next op: frees on it apply at once from now on,
+        and those queued elsewhere apply now (NOTE [ Frees on other threads ])."""
+        self._thread = threading.get_ident()
+        if self._pending:
+            self.drain()
+
+    def _live_slot(self, storage: torch.UntypedStorage) -> _Slot | None:
+        if self._pending and threading.get_ident() == self._thread:
+            self.drain()
+        slot = self._slots.get(id(storage))
+        return slot if slot is not None and slot.ref() is storage else None
 
     def get(self, storage: torch.UntypedStorage) -> int | None:
-        if self._pending:
-            self.drain()
-        return self._ids.get(id(storage))
+        slot = self._live_slot(storage)
+        return slot.tid if slot is not None else None
 
     def assign(self, storage: torch.UntypedStorage, tensor_id: int) -> None:
-        if self._pending:
-            self.drain()
+        slot = self._live_slot(storage)
         key = id(storage)
-        if key not in self._refs:
-            self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
-        self._ids[key] = tensor_id
+        if slot is None:
+            slot = self._slots[key] = _Slot(weakref.ref(storage, functools.partial(self._freed, key)), tensor_id)
+        slot.tid = tensor_id
         self._keys[tensor_id] = key
 
     def storage(self, tensor_id: int) -> torch.UntypedStorage | None:
         """The live storage that has ``tensor_id`` (the latest one given it), if any."""
         key = self._keys.get(tensor_id)
-        ref = self._refs.get(key) if key is not None else None
-        s = ref() if ref is not None else None
-        return s if s is not None and self._ids.get(key) == tensor_id else None  # type: ignore[arg-type]
+        slot = self._slots.get(key) if key is not None else None
+        s = slot.ref() if slot is not None else None
+        return s if s is not None and slot.tid == tensor_id else None  # type: ignore[union-attr]
 
     def _freed(self, key: int, ref: weakref.ref[torch.UntypedStorage]) -> None:
         """The weak-reference callback (NOTE [ Signals in free callbacks ])."""
+        slot = self._slots.get(key)
+        if slot is None or slot.ref is not ref:
+            return  # released or moved before it died
         if threading.get_ident() != self._thread:
-            self._pending.append((key, ref))  # NOTE [ Frees on other threads ]
+            self._pending.append((key, slot))  # NOTE [ Frees on other threads ]
         else:
-            self._free(key, ref)
+            self._free(key, slot)
 
-    def _free(self, key: int, ref: weakref.ref[torch.UntypedStorage]) -> None:
-        if self._refs.get(key) is not ref:
+    def _free(self, key: int, slot: _Slot) -> None:
+        if slot.done:
             return  # already applied
-        del self._refs[key]
-        tid = self._ids.pop(key, None)
-        if tid is not None and self._keys.get(tid) == key:
+        slot.done = True
+        if self._slots.get(key) is slot:
+            del self._slots[key]
+        tid = slot.tid
+        now = self._slots.get(key)
+        if self._keys.get(tid) == key and (now is None or now.tid != tid):
             del self._keys[tid]
-        if tid is not None and self.on_free is not None:
+        if self.on_free is not None:
             self.on_free(tid)
 
     def release(self, storage: torch.UntypedStorage) -> int | None:
         """Forget ``storage`` as if it had been freed (``on_free`` runs), though the object lives
         on: someone freed its memory in place. Used again, it is named anew. Its id, if any.
-        On another thread (CUDA's autograd runs backward on a device thread, where FSDP2 frees
-        its unsharded parameters) the release is queued like a free (NOTE [ Frees on other
+        On another thread than the one dispatching ops (FSDP2 frees its unsharded parameters
+        where a collective finishes) the release is queued like a free (NOTE [ Frees on other
         threads ])."""
-        key = id(storage)
-        ref = self._refs.get(key)
-        if ref is None or ref() is not storage:
+        slot = self._live_slot(storage)
+        if slot is None:
             return None
-        tid = self._ids.get(key)
         if threading.get_ident() != self._thread:
-            self._pending.append((key, ref))
+            self._pending.append((id(storage), slot))
         else:
-            self._free(key, ref)
-        return tid
+            self._free(id(storage), slot)
+        return slot.tid
 
     def move(self, old: torch.UntypedStorage, new: torch.UntypedStorage) -> None:
         """Give ``old``'s id to ``new`` and forget ``old`` without a free (``on_free`` does not
         run, now or when ``old`` dies): one storage of the op stream that is two objects here
         (fake mode's copy of a constant, NOTE [ Fake constants ] in torch_patch.fake)."""
-        if self._pending:
-            self.drain()
-        key = id(old)
-        tid = self._ids.pop(key, None)
-        self._refs.pop(key, None)
-        if tid is not None:
-            self.assign(new, tid)
+        slot = self._live_slot(old)
+        if slot is None:
+            return
+        slot.done = True
+        del self._slots[id(old)]
+        self.assign(new, slot.tid)
 
     def drain(self) -> None:
-        """Apply the frees queued on other threads (NOTE [ Frees on other threads ])."""
+        """Apply the frees queued on other threads; the dispatching thread's to call
+        (NOTE [ Frees on other threads ])."""
         while self._pending:
             self._free(*self._pending.popleft())
 
     def live(self) -> dict[int, torch.UntypedStorage]:
         """Tensor id -> storage of every tracked storage still alive."""
         out = {}
-        for key, ref in list(self._refs.items()):
-            s = ref()
-            if s is not None and key in self._ids:
-                out[self._ids[key]] = s
+        for slot in list(self._slots.values()):
+            s = slot.ref()
+            if s is not None:
+                out[slot.tid] = s
         return out
 
     def clear(self) -> None:
         self.on_free = None
         self._pending.clear()
-        self._ids.clear()
-        self._refs.clear()
+        self._slots.clear()
         self._keys.clear()
 
 

@@ -200,6 +200,7 @@ class OpStream(TorchDispatchMode):
     # ---- the dispatch mode ----------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        self.ids.dispatching()  # NOTE [ Frees on other threads ] in torch_patch.identity
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = _op_info(func)

@@ -16,44 +16,103 @@ import torch
 from torch_patch.identity import StorageIds, signals_outside_callbacks
 
 
-def test_a_release_on_another_thread_is_applied_by_the_next_lookup() -> None:
+def test_a_release_on_another_thread_is_applied_by_the_dispatching_thread() -> None:
     freed: list[int] = []
     ids = StorageIds(on_free=freed.append)
     kept, other = torch.ones(4).untyped_storage(), torch.ones(8).untyped_storage()
     ids.assign(kept, 1)
     ids.assign(other, 2)
     got: list[int | None] = []
-    worker = threading.Thread(target=lambda: got.append(ids.release(other)))
+
+    def off_thread() -> None:  # a checkpoint writer's torch.save looks ids up, and applies nothing
+        got.append(ids.release(other))
+        got.append(ids.get(kept))
+
+    worker = threading.Thread(target=off_thread)
     worker.start()
     worker.join()
-    assert got == [2] and freed == []  # queued: nothing changes off the owning thread by itself
-    assert ids.get(kept) == 1  # the next lookup applies it
+    assert got == [2, 1] and freed == []  # queued: nothing changes off the dispatching thread
+    assert ids.get(kept) == 1  # the next lookup here applies it
     assert freed == [2] and ids.get(other) is None and ids.storage(2) is None
-    assert ids.release(kept) == 1 and freed == [2, 1]  # on the owning thread: at once
+    assert ids.release(kept) == 1 and freed == [2, 1]  # on the dispatching thread: at once
 
 
-def test_a_lookup_on_the_dispatching_thread_applies_its_queued_frees() -> None:
-    """CUDA's autograd runs backward on a device thread: its lookups must see the frees queued
-    there, or a new storage whose key (``id()``) was the freed one's would get the old id."""
-    freed: list[int] = []
-    ids = StorageIds(on_free=freed.append)
+def _reused_key_lookup(ids: StorageIds, dispatching: bool) -> int | None:
+    """On a new thread: a storage with id 3 is freed, and a new storage takes its key; the id
+    a lookup finds for the new one."""
     got: list[int | None] = []
 
-    def backward_thread() -> None:
+    def body() -> None:
+        if dispatching:
+            ids.dispatching()  # as the op stream does before each op
         storage = torch.ones(8).untyped_storage()
         ids.assign(storage, 3)
         key = id(storage)
-        del storage  # freed on this thread: queued
-        for _ in range(1000):  # find a new storage object at the freed one's address
+        del storage
+        for _ in range(1000):
             new = torch.ones(8).untyped_storage()
             if id(new) == key:
                 got.append(ids.get(new))
                 return
 
-    worker = threading.Thread(target=backward_thread)
+    worker = threading.Thread(target=body)
     worker.start()
     worker.join()
-    assert got == [None] and freed == [3]  # a new storage, and the old one's free applied
+    assert len(got) == 1, "no new storage took the freed one's key"
+    return got[0]
+
+
+def test_a_storage_that_takes_a_freed_ones_key_is_new() -> None:
+    """CUDA's autograd runs backward on a device thread: its frees apply at once there (it
+    dispatches the ops), and a storage that takes a freed one's key (``id()``) is a new storage,
+    on any thread, even while the free is still queued."""
+    freed: list[int] = []
+    ids = StorageIds(on_free=freed.append)
+    assert _reused_key_lookup(ids, dispatching=True) is None and freed == [3]
+    freed.clear()
+    ids = StorageIds(on_free=freed.append)
+    assert _reused_key_lookup(ids, dispatching=False) is None and freed == []  # queued
+    ids.dispatching()
+    assert freed == [3]
+
+
+def test_frees_are_recorded_at_the_same_op_on_any_dispatching_thread() -> None:
+    """The op a free is recorded at does not depend on the thread the ops run on (CUDA's
+    backward runs on autograd's device thread, not on the thread that made the op stream)."""
+    from torch_patch.opstream import OpStream
+
+    class Frees(OpStream):
+        def __init__(self) -> None:
+            super().__init__()
+            self.freed_at: dict[int, int] = {}
+
+        def on_free(self, tensor_id: int) -> None:
+            self.freed_at[tensor_id] = self.op_index
+
+    def run(on_thread: bool) -> dict[int, int]:
+        stream = Frees()
+
+        def body() -> None:
+            with stream:
+                x = torch.ones(1000)
+                a = x + 1
+                b = a * 2
+                del a
+                c = b + 1
+                del x, b, c
+
+        if on_thread:
+            worker = threading.Thread(target=body)
+            worker.start()
+            worker.join()
+        else:
+            body()
+        return stream.freed_at
+
+    here = run(False)
+    assert here and run(True) == here
+
+
 def test_a_ctrl_c_that_lands_in_a_free_callback_is_not_lost() -> None:
     """A signal's handler can run inside the weak-reference callback of a free, where its
     exception would be dropped; it acts once the callback returns (NOTE [ Signals in free
