@@ -100,25 +100,25 @@ def test_negative_costs_are_refused() -> None:
 
 @SETTINGS
 @given(cases(), st.sampled_from([1e-10, 1e-9, 4e-9]))
-def test_copy_cost_never_shortens_a_plan_and_is_charged_for_at_most_the_bytes_moved(case: tuple,
-                                                                                     cost: float) -> None:
-    """The same moves simulated with a copy cost take at least as long as without (to 0.1%), and
-    the charge is at most the cost of every byte moved in the two iterations it can come from.
+def test_copy_cost_is_charged_for_at_most_the_bytes_moved(case: tuple, cost: float) -> None:
+    """The same moves simulated with a copy cost: the charge is at most the cost of every byte
+    moved in the two iterations it can come from, and it adds to the iteration.
 
-    Not exactly: like any list schedule, the simulation has timing anomalies. Ops that start later
-    trigger their transfers later, and the channels' queues can then come out in a better order.
-    Found by hypothesis: synthetic_profile(2, 5, 4, num_extra=4, seed=25, activation_bytes=64 MiB,
-    param_bytes=1 MiB, op_us=50) at 131,000,740 bytes, SSD 1 GB/s read and 0.5 write, host link
-    4 GB/s and no host memory, copy cost 1e-9 s/byte. The warm-up iteration ends later, and the
-    measured one no longer stalls 1.2 ms at its first op: 1,823,362.6 against 1,823,602.0 us."""
+    A copy cost need not make the iteration longer. Like any list schedule, the simulation has
+    timing anomalies: ops that start later trigger their transfers later, and the channels'
+    queues can come out in a better order. Hypothesis and a review found iterations 0.013% to
+    32.6% shorter with a cost than without, so that is not asserted. One such case:
+    synthetic_profile(2, 5, 4, num_extra=4, seed=25, activation_bytes=64 MiB, param_bytes=1 MiB,
+    op_us=50) at 131,000,740 bytes, SSD 1 GB/s read and 0.5 write, host link 4 GB/s, no host
+    memory, cost 1e-9 s/byte: the warm-up iteration ends later, and the measured one no longer
+    stalls 1.2 ms at its first op."""
     _, problem, hw = case
     rank_plan = plan_rank(problem, hw)
     assert rank_plan.sim.copy_charge_us == 0  # a GPU's hardware: no cost
-    free = simulate(problem, rank_plan.moves, hw.channel_bw(), hw.gpu_mem_bytes)
     costly = simulate(problem, rank_plan.moves, hw.channel_bw(), hw.gpu_mem_bytes, copy_cost_s_per_byte=cost)
-    assert costly.iteration_us >= free.iteration_us * (1 - 1e-3)
     moved = sum(m.size_bytes * (1 + m.reads_back) for m in rank_plan.moves)
     assert costly.copy_charge_us <= 2 * moved * cost * 1e6 * (1 + 1e-9) + 1e-6
+    assert costly.iteration_us >= costly.ideal_iteration_us + costly.copy_charge_us - 1e-3
     assert costly.iteration_us <= costly.ideal_iteration_us + costly.stall_us + costly.copy_charge_us + 1e-3
     assert costly.peak_bytes <= hw.gpu_mem_bytes
 
