@@ -23,8 +23,9 @@ tokens/s from median step times, steps from ``--skip`` on. teraio's losses must 
     python bench/rok_gpu.py [--sizes 2k 4k] [--plot rok-gpu.png]
 
 The last line holds ``teraio_over_<peer>`` (teraio's throughput at the peer's peak over the
-peer's) for recompute and every peer that ran, and ``teraio_over_keep`` (at 50%, same batch), for
-the last size; then the same per size with the size's name appended.
+peer's) for recompute and every peer that ran and saves memory, where teraio's measured peak did
+not go over the peer's, and ``teraio_over_keep`` (at 50%, same batch), for the last size; then
+the same per size with the size's name appended.
 """
 
 from __future__ import annotations
@@ -107,7 +108,6 @@ def run_teraio(cfg: Config, ex: list[str], work: Path, skip: int, pool: int) -> 
     cfg.step_ms, cfg.losses = step_times(r.stdout, skip), losses(r.stdout)
     cuda = rep["iteration_peak_cuda_allocated_bytes"][skip:]
     cfg.tracked_peak_bytes = max(cuda) if cuda else 0
-    cfg.rss_peak_bytes = max(rep["iteration_peak_bytes"][skip:])  # teraio's tracked peak, shown beside
 
 
 def measure_size(size: str, ex: list[str], work: Path, plan_args: list[str], skip: int,
@@ -120,10 +120,10 @@ def measure_size(size: str, ex: list[str], work: Path, plan_args: list[str], ski
               f"{statistics.median(cfg.step_ms):,.1f} ms, peak {cfg.tracked_peak_bytes / MIB:,.1f} MiB"), flush=True)
         if why:
             failed[cfg.name] = why
+    if "keep" in failed:
+        raise SystemExit(f"rok_gpu: {size}: the plain example did not run: {failed['keep']}")
     ran = [c for c in plain if c.name not in failed]
     keep = ran[0]
-    if keep.name != "keep":
-        raise SystemExit(f"rok_gpu: {size}: the plain example did not run: {failed['keep']}")
     prof = work / f"profile-{size}"
     sh(*teraio("profile", EXAMPLE, "--out", prof, "--force", "--", *ex), quiet=True)
     problem = problem_from_profile(read_profile(prof))
@@ -149,9 +149,16 @@ def measure_size(size: str, ex: list[str], work: Path, plan_args: list[str], ski
     tokens = _arg(ex, "--batch", 8) * _arg(ex, "--seq", 128)
     tput = {c.name: c.tokens_per_s(tokens) for c in [*ran, *runs]}
     ratios = {"teraio_over_keep": tput["teraio 50%"] / tput["keep"]}
+    by_name = {c.name: c for c in runs}
     for cfg in ran[1:]:
-        if f"teraio ={cfg.name}" in tput:
-            ratios[f"teraio_over_{cfg.name}"] = tput[f"teraio ={cfg.name}"] / tput[cfg.name]
+        mine = by_name.get(f"teraio ={cfg.name}")
+        if mine is None:
+            continue
+        if mine.tracked_peak_bytes > cfg.tracked_peak_bytes:  # not at equal peak: no ratio
+            print(f"{size}: teraio at {cfg.name}'s peak went over it ({mine.tracked_peak_bytes / MIB:,.1f} "
+                  f"against {cfg.tracked_peak_bytes / MIB:,.1f} MiB): no ratio", flush=True)
+            continue
+        ratios[f"teraio_over_{cfg.name}"] = tput[mine.name] / tput[cfg.name]
     return [*plain, *runs], failed, ratios
 
 
@@ -191,15 +198,17 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; pinned copies: device to host "
           f"{d2h / 1e9:.1f} GB/s, host to device {h2d / 1e9:.1f} GB/s (plans made at these)", flush=True)
     plan_args = ["--ssd-write-bw", f"{d2h / 1e9:.3f}", "--ssd-read-bw", f"{h2d / 1e9:.3f}"]
-    results, headline = {}, {}
+    results: dict[str, tuple[list[str], list[Config]]] = {}
+    last: dict[str, float] = {}
+    per_size: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="teraio-rok-gpu-", dir=args.swap_dir) as d:
         for size in args.sizes:
             ex = [*GPU_SIZES[size], "--steps", str(args.steps), "--timing"]
             configs, failed, ratios = measure_size(size, ex, Path(d), plan_args, args.skip, args.peers)
             print_table(size, GPU_SIZES[size], configs, failed)
             results[size] = (GPU_SIZES[size], [c for c in configs if c.name not in failed])
-            headline = {**ratios, **{k: v for k, v in headline.items() if k not in ratios}}
-            headline.update({f"{k}_{size}": v for k, v in ratios.items()})
+            per_size.update({f"{k}_{size}": v for k, v in ratios.items()})
+            last = ratios
     if args.plot is not None:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot(args.plot, results, xlabel="peak CUDA allocated (MiB)",
@@ -207,7 +216,7 @@ def main() -> None:
                    "(bench/rok_gpu.py)")
         print(f"\ncurve written to {args.plot}")
     print(f"bench time {time.monotonic() - started:.0f} s")
-    print(" ".join(f"{k}={v:.3f}" for k, v in headline.items()))
+    print(" ".join(f"{k}={v:.3f}" for k, v in {**last, **per_size}.items()))
 
 
 if __name__ == "__main__":
