@@ -146,7 +146,7 @@ def measure_op_overhead(num_ops: int = 5000, rounds: int = 5) -> float:
     for _ in range(rounds):
         loop()
         plain.append(loop())
-        with tempfile.TemporaryDirectory(prefix="teraio-calibrate-") as d, offload(empty, swap_dir=d):
+        with tempfile.TemporaryDirectory(prefix="teraio-calibrate-") as d, offload(empty, swap_dir=d, rank=0):
             mark_iteration()  # a steady iteration, as the plan's are
             loop()
             under.append(loop())

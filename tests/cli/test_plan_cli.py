@@ -200,10 +200,11 @@ def test_bad_compute_costs_are_one_line_and_exit_2(synth: Path, option: str) -> 
 
 def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
     """`auto` on a profile taken on the CPU runs the calibration (runtime.calibrate) on this
-    machine once; the next plan reads its figures from the cache."""
+    machine once; the next plan reads its figures from the cache. Planning in a shell that a
+    job's launcher left RANK set in measures all the same."""
     prof = synthetic_profile(4, 6, 3, seed=2)
     write_profile(dataclasses.replace(prof, meta={**prof.meta, "device_type": "cpu"}), tmp_path / "p")
-    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "RANK": "1", "WORLD_SIZE": "2"}
     plans = []
     for i in range(2):
         r = run_teraio("plan", tmp_path / "p", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--no-compare",
