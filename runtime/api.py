@@ -113,20 +113,22 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
         host_bytes = run_plan.host_mem_bytes
         if host_bytes is None or (backend == "host" and host_bytes == 0):
             host_bytes = DEFAULT_HOST_POOL_BYTES
-    backends = make_backends(backend, swap_dir, min(host_bytes, MAX_HOST_POOL_BYTES))
-    engine = MigrationEngine(num_workers)
-    try:
-        executor = PlanExecutor(run_plan, backends, engine, rank)
-    except BaseException:  # nothing is out yet: stop the threads and remove the swap directories
-        engine.close()
-        for b in {id(b): b for b in backends.values()}.values():
-            b.close({})
-        raise
-    old_term = _term_as_exit()
-    t0 = time.perf_counter()
-    reset_peak_rss()
+    # One cleanup for everything from here on: whatever fails or is interrupted (a backend
+    # that cannot be made, the executor's checks, Ctrl-C while torch is being patched) stops
+    # the threads and removes the swap directories, keeping what is still out.
+    backends: dict[str, Backend] = {}
+    engine: MigrationEngine | None = None
+    executor: PlanExecutor | None = None
+    old_term: Any = None
     ended_by: BaseException | None = None
+    t0 = time.perf_counter()
     try:
+        backends = make_backends(backend, swap_dir, min(host_bytes, MAX_HOST_POOL_BYTES))
+        engine = MigrationEngine(num_workers)
+        executor = PlanExecutor(run_plan, backends, engine, rank)
+        old_term = _term_as_exit()
+        reset_peak_rss()
+        t0 = time.perf_counter()
         with executor:
             yield executor
     except BaseException as exc:
@@ -137,9 +139,10 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
             # as the exit's restore: a signal waits until what is still out is kept, the report
             # written and the error naming the kept files raised (then it carries that error)
             with signals_held():
-                engine.close()
+                if engine is not None:
+                    engine.close()
                 kept = _close_backends(executor, backends)
-                if report is not None:
+                if report is not None and executor is not None:
                     write_report(report, executor, run_plan, time.perf_counter() - t0)
                 if kept is not None:
                     raise kept from ended_by
@@ -148,18 +151,20 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
                 signal.signal(signal.SIGTERM, old_term)
 
 
-def _close_backends(executor: PlanExecutor, backends: dict[str, Backend]) -> SwapKeptError | None:
+def _close_backends(executor: PlanExecutor | None,
+                    backends: dict[str, Backend]) -> SwapKeptError | None:
     """Close every backend, keeping the bytes of the tensors still out (those the executor
     could not restore); the error that names them, if any."""
-    errors = {e.tensor_id: e.problem for e in getattr(executor, "restore_errors", [])}
     keep: dict[int, dict[int, dict[str, Any]]] = {}
     named: list[str] = []
-    for tid, entry in executor.moved.items():
-        what = executor._describe(tid)
-        keep.setdefault(id(entry.backend), {})[entry.key] = {
-            "tensor_id": tid, "tensor": what, "size_bytes": entry.nbytes,
-            "problem": errors.get(tid, "not restored")}
-        named.append(f"{what}: {errors.get(tid, 'not restored')}")
+    if executor is not None:  # else it was never made: nothing is out
+        errors = {e.tensor_id: e.problem for e in getattr(executor, "restore_errors", [])}
+        for tid, entry in executor.moved.items():
+            what = executor._describe(tid)
+            keep.setdefault(id(entry.backend), {})[entry.key] = {
+                "tensor_id": tid, "tensor": what, "size_bytes": entry.nbytes,
+                "problem": errors.get(tid, "not restored")}
+            named.append(f"{what}: {errors.get(tid, 'not restored')}")
     kept = []
     for backend in {id(b): b for b in backends.values()}.values():
         path = backend.close(keep.get(id(backend), {}))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -678,14 +679,18 @@ class PlanExecutor(OpStream):
 
     def __enter__(self):  # type: ignore[no-untyped-def]
         out = super().__enter__()
-        # Every torch.save writes through one of torch.serialization's two writers, whatever
-        # name the script holds it by (torch.serialization.save, or `from torch import save`
-        # run before teraio started): wrap those where this torch has them.
-        writers = [name for name in ("_save", "_legacy_save") if hasattr(torch.serialization, name)]
-        for name in writers:
-            self._patch(torch.serialization, name, self._save)
-        if not writers:
-            self._patch(torch, "save", self._save)
+        try:
+            # Every torch.save writes through one of torch.serialization's two writers, whatever
+            # name the script holds it by (torch.serialization.save, or `from torch import save`
+            # run before teraio started): wrap those where this torch has them.
+            writers = [name for name in ("_save", "_legacy_save") if hasattr(torch.serialization, name)]
+            for name in writers:
+                self._patch(torch.serialization, name, self._save)
+            if not writers:
+                self._patch(torch, "save", self._save)
+        except BaseException:  # a Ctrl-C here: leave torch as it was (nothing is out yet)
+            self.__exit__(*sys.exc_info())
+            raise
         return out
 
     def _save(self, save: Any) -> Any:

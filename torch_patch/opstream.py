@@ -53,8 +53,10 @@ from torch_patch.identity import (
     LONG_BASE,
     PRODUCED_BASE,
     StorageIds,
+    deliver_owed_signal,
     input_id,
     long_id,
+    owed_signals,
     persistent_names,
     produced_id,
     signals_outside_callbacks,
@@ -201,6 +203,8 @@ class OpStream(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         self.ids.dispatching()  # NOTE [ Frees on other threads ] in torch_patch.identity
+        if owed_signals:  # NOTE [ Signals in free callbacks ] in torch_patch.identity
+            deliver_owed_signal()
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = _op_info(func)
@@ -385,27 +389,30 @@ class OpStream(TorchDispatchMode):
 
     # ---- context ---------------------------------------------------------------
     def __enter__(self):  # type: ignore[no-untyped-def]
-        self._handles = [
-            register_module_forward_pre_hook(self._fwd_pre),
-            register_module_forward_hook(self._fwd_post, always_call=True),
-            register_optimizer_step_pre_hook(self._step_pre),
-            register_optimizer_step_post_hook(self._step_post),
-        ]
-        self._patch(torch.optim.Optimizer, "__init__", self._registering)
-        self._thread = threading.get_ident()
-        self._patch(_dataloader.DataLoader, "__iter__", self._uncounted)
-        self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._uncounted)
-        self._patch(torch, "compile", self._compile)
-        self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
-        # torch warns at every call of a compiled module that global module hooks (ours) fire
-        # twice for it; teraio's own warning says what happens to compiled code instead.
-        self._warning_filters = warnings.catch_warnings()
-        self._warning_filters.__enter__()
-        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-        self._signals = signals_outside_callbacks()
-        self._signals.__enter__()
-        _ACTIVE.append(self)
-        return super().__enter__()
+        try:  # whatever stops it half way (Ctrl-C included) leaves torch as it was
+            self._handles = []  # each one as it is made: all are removed if this stops half way
+            self._handles.append(register_module_forward_pre_hook(self._fwd_pre))
+            self._handles.append(register_module_forward_hook(self._fwd_post, always_call=True))
+            self._handles.append(register_optimizer_step_pre_hook(self._step_pre))
+            self._handles.append(register_optimizer_step_post_hook(self._step_post))
+            self._patch(torch.optim.Optimizer, "__init__", self._registering)
+            self._thread = threading.get_ident()
+            self._patch(_dataloader.DataLoader, "__iter__", self._uncounted)
+            self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._uncounted)
+            self._patch(torch, "compile", self._compile)
+            self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
+            # torch warns at every call of a compiled module that global module hooks (ours) fire
+            # twice for it; teraio's own warning says what happens to compiled code instead.
+            self._warning_filters = warnings.catch_warnings()
+            self._warning_filters.__enter__()
+            warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+            self._signals = signals_outside_callbacks()
+            self._signals.__enter__()
+            _ACTIVE.append(self)
+            return super().__enter__()
+        except BaseException:
+            self._unpatch()
+            raise
 
     def _patch(self, owner: Any, name: str, wrap: Any) -> None:
         original = getattr(owner, name)
@@ -472,6 +479,9 @@ class OpStream(TorchDispatchMode):
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
+        self._unpatch()
+
+    def _unpatch(self) -> None:
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         for owner, name, original in reversed(self._patches):

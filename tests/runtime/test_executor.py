@@ -160,6 +160,33 @@ def test_a_rank_the_plan_has_no_section_for_is_refused(plan: Plan, tmp_path: Pat
     assert {t.name for t in threading.enumerate()} <= threads
 
 
+def _interrupt(*args: Any, **kwargs: Any) -> Any:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("where", ["runtime.api._term_as_exit", "torch_patch.opstream.signals_outside_callbacks",
+                                   "runtime.executor.PlanExecutor._save"])
+def test_a_ctrl_c_while_offload_starts_leaves_nothing_behind(plan: Plan, where: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wherever a Ctrl-C lands on the way in (after the engine's threads started and the swap
+    directory was made, while torch is being patched, after the dispatch mode is in), the
+    threads stop, the swap directory goes and torch is as it was."""
+    from torch.nn.modules import module
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    threads = {t.name for t in threading.enumerate()}
+    before = (torch.compile, torch.UntypedStorage.resize_, torch.serialization._save,
+              len(module._global_forward_pre_hooks), len(module._global_forward_hooks))
+    monkeypatch.setattr(where, _interrupt)
+    with pytest.raises(KeyboardInterrupt), offload(plan, swap_dir=tmp_path):
+        pass
+    assert not list(tmp_path.iterdir())
+    assert {t.name for t in threading.enumerate()} <= threads
+    assert _get_current_dispatch_mode() is None
+    assert (torch.compile, torch.UntypedStorage.resize_, torch.serialization._save,
+            len(module._global_forward_pre_hooks), len(module._global_forward_hooks)) == before
+
+
 def test_offloading_lowers_tracked_peak(plan: Plan) -> None:
     with offload(plan_of([], plan.op_names[0])) as plain:
         train(4)
