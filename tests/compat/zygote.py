@@ -127,6 +127,7 @@ class Child:
     out: Path
     err: Path
     rc: Path
+    zygote: subprocess.Popen[str] | None = None  # the one it was forked from
 
     def _kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -136,7 +137,7 @@ class Child:
         """The child's exit code and output; killed (and ``TimeoutExpired``) after ``timeout`` s."""
         end = time.monotonic() + timeout
         while not self.rc.exists():
-            if _zygote is not None and _zygote.poll() is not None and not self.rc.exists():
+            if self.zygote is not None and self.zygote.poll() is not None and not self.rc.exists():
                 self._kill()  # no one is left to say how it ended
                 raise RuntimeError(f"the compat tests' zygote died while {self.argv} ran")
             if time.monotonic() > end:
@@ -173,7 +174,7 @@ def start(argv: list[str | os.PathLike[str]], cwd: Path, logs: Path) -> Child:
         answer = _zygote.stdout.readline()
         if not answer:
             raise RuntimeError("the compat tests' zygote died (python -m tests.compat.zygote)")
-        child.pid = int(answer)
+        child.pid, child.zygote = int(answer), _zygote
     return child
 
 
