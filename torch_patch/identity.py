@@ -256,24 +256,47 @@ class StorageIds:
 #
 # While an op stream is active, the SIGINT and SIGTERM handlers are wrapped: a signal that
 # lands inside a free callback (as the handler's own caller shows, not the frame it is given,
-# which ``runtime.executor.signals_held`` replays later) is sent again to the main thread 10 ms
-# later (``signal.pthread_kill`` from a timer thread; sent from the handler itself it would
-# run the handler again at once, still inside the callback), and again while the callback
-# lasts. A real signal, not ``_thread.interrupt_main``: it interrupts a blocking wait, and the
-# handler in force by then acts, the default action included. The handler only puts the signal
-# on a ``SimpleQueue`` (C code, whole or not at all) for one daemon thread started beforehand:
-# starting a thread (or a ``threading.Timer``) in the handler takes Python-level locks that a
-# second signal could leave held (NOTE [ Ctrl-C and the engine ] in runtime.engine).
+# which ``runtime.executor.signals_held`` replays later) is owed to the main thread, and sent
+# to it again (``signal.raise_signal``; the handler in force by then acts, the default action
+# included) by whichever comes first: the op stream's next op on the main thread
+# (``deliver_owed_signal``), or a daemon thread 10 ms later (``signal.pthread_kill``; it
+# interrupts a blocking wait, where no op comes). Sent from the handler itself it would run the
+# handler again at once, still inside the callback; landing in a callback again, it is owed
+# again. The thread alone was not enough: while training holds the main thread in Python (the
+# dispatch mode's ops on CPU), it waited for the GIL, and a review measured the signal acting
+# 0.2-4.9 s late; at the next op it acts before the op runs (the test of the next op).
+# The handler only appends to a list and puts on a ``SimpleQueue`` (C code, whole or not at
+# all) for the thread started beforehand: starting a thread (or a ``threading.Timer``) in the
+# handler takes Python-level locks that a second signal could leave held (NOTE [ Ctrl-C and
+# the engine ] in runtime.engine).
 _CALLBACK_CODES = frozenset({StorageIds._freed.__code__, StorageIds._free.__code__})
 _REDELIVER_S = 0.01
-_redeliveries: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()  # (thread ident, signal)
+owed_signals: list[int] = []  # put off in a callback, not yet sent again to the main thread
+_redeliveries: queue.SimpleQueue[int] = queue.SimpleQueue()  # the main thread's ident, once per owed signal
 _redeliverer: threading.Thread | None = None
+
+
+def deliver_owed_signal() -> None:
+    """Send the main thread a signal put off in a free callback, if one is owed; call it on the
+    main thread outside callbacks (the op stream does, before each op), where the handler acts
+    at once. Cheap to call when none is owed: test ``owed_signals`` first on a hot path."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        signum = owed_signals.pop(0)
+    except IndexError:
+        return
+    signal.raise_signal(signum)
 
 
 def _redeliver() -> None:
     while True:
-        thread, signum = _redeliveries.get()
+        thread = _redeliveries.get()
         time.sleep(_REDELIVER_S)
+        try:
+            signum = owed_signals.pop(0)
+        except IndexError:
+            continue  # delivered at an op already
         signal.pthread_kill(thread, signum)
 
 
@@ -317,7 +340,8 @@ def _deferring(handler: Callable[[int, FrameType | None], Any]) -> Callable[[int
 
     def deferring(signum: int, frame: FrameType | None) -> Any:
         if _in_callback(sys._getframe(1)):
-            _redeliveries.put((main, signum))
+            owed_signals.append(signum)
+            _redeliveries.put(main)
             return None
         return handler(signum, frame)
 

@@ -135,6 +135,32 @@ def test_a_ctrl_c_that_lands_in_a_free_callback_is_not_lost() -> None:
     assert time.monotonic() - t0 < 5
 
 
+def test_a_ctrl_c_from_a_free_callback_acts_at_the_next_op() -> None:
+    """While training keeps the main thread busy with ops (the redelivering thread may wait
+    seconds for the GIL), a signal put off in a free callback acts at the op stream's next op."""
+    from torch_patch.opstream import OpStream
+
+    class Interrupting(OpStream):
+        def __init__(self) -> None:
+            super().__init__()
+            self.freed_at: list[int] = []
+
+        def on_free(self, tensor_id: int) -> None:
+            if not self.freed_at:
+                signal.raise_signal(signal.SIGINT)  # lands in here: put off
+            self.freed_at.append(self.op_index)
+
+    stream = Interrupting()
+    ops_after = -1
+    with pytest.raises(KeyboardInterrupt), stream:
+        x = torch.ones(1000)
+        a = x + 1
+        del a  # the free: the interrupt is owed from here
+        for ops_after in range(1000):  # noqa: B007  # busy; no sleeps to release the GIL
+            x = x + 1
+    assert stream.freed_at[0] == 2 and ops_after == 0
+
+
 def test_a_signal_replayed_with_a_frame_from_a_callback_acts_at_once() -> None:
     """``runtime.executor.signals_held`` replays a held signal later with the frame it was
     given; if that frame was in a free callback, the handler must act now all the same."""
