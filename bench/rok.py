@@ -92,11 +92,13 @@ def machine(work: Path) -> list[str]:
     print(f"disk (O_DIRECT, 256 MiB): write {bw_w / 1e9:.2f} GB/s, read {bw_r / 1e9:.2f} GB/s; copies cost "
           f"the compute {costs['copy_cost_s_per_byte'] * 1e9:.3f} ns/byte, teraio run's dispatch "
           f"{costs['op_overhead_s'] * 1e6:.1f} us/op, faulting memory in again "
-          f"{costs['refault_s_per_byte'] * 1e9:.3f} ns/byte (runtime.calibrate); plans made at these", flush=True)
+          f"{costs['refault_s_per_byte'] * 1e9:.3f} ns/byte, {costs['transfer_cost_s'] * 1e6:.0f} us per transfer "
+          "(runtime.calibrate); plans made at these", flush=True)
     return ["--ssd-write-bw", f"{bw_w / 1e9:.3f}", "--ssd-read-bw", f"{bw_r / 1e9:.3f}",
             "--copy-cost", f"{costs['copy_cost_s_per_byte'] * 1e9:.4f}",
             "--op-overhead", f"{costs['op_overhead_s'] * 1e6:.3f}",
-            "--refault-cost", f"{costs['refault_s_per_byte'] * 1e9:.4f}"]
+            "--refault-cost", f"{costs['refault_s_per_byte'] * 1e9:.4f}",
+            "--transfer-cost", f"{costs['transfer_cost_s'] * 1e6:.3f}"]
 
 
 def _profile(work: Path, name: str, ex: list[str]) -> tuple[Path, int, int]:

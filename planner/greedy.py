@@ -10,7 +10,8 @@ inactive period with the best benefit/cost, where
 - its *benefit* is the reduction of memory above capacity integrated over the
   window: ``sum_k duration_us[k] * min(size, M'[k] - capacity)`` over the
   window's ops that are over capacity;
-- its *cost* is the time of the transfer out and back.
+- its *cost* is the time of the transfer out and back, and on a CPU the
+  runtime's own work for each transfer (``Hardware.transfer_cost_s``).
 
 A trailing period (``reads_back`` false, NOTE [ Trailing periods ] in
 ``planner.problem``) is an offload-only candidate: its window runs from the op
@@ -251,10 +252,13 @@ class _Planner:
         start = np.where(p.reads_back[cand], self.channels[f"{target}_read"].latest_start(e, size), e)
         return first, start
 
-    def _cost_per_byte(self, cand: np.ndarray, target: str) -> np.ndarray:
-        """Seconds per byte of each period's transfers on ``target``: out, and back unless trailing."""
-        bw = self.hw.channel_bw()
-        return 1 / bw[f"{target}_write"] + np.where(self.p.reads_back[cand], 1 / bw[f"{target}_read"], 0.0)
+    def _cost_s(self, cand: np.ndarray, target: str, size: np.ndarray) -> np.ndarray:
+        """Seconds of each period's transfers on ``target`` (out, and back unless trailing), each
+        with the runtime's own work for it (``transfer_cost_s``, 0 on a GPU: on a CPU it makes a
+        small tensor's move cost far more than its bytes)."""
+        bw, back = self.hw.channel_bw(), self.p.reads_back[cand]
+        per_byte = 1 / bw[f"{target}_write"] + np.where(back, 1 / bw[f"{target}_read"], 0.0)
+        return size * per_byte + (1 + back) * self.hw.transfer_cost_s
 
     def _scores(self, cand: np.ndarray, target: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact benefit/cost of each period of ``cand`` on ``target`` now (0 if its window is empty),
@@ -266,7 +270,7 @@ class _Planner:
         parts = self.excess.benefits(np.concatenate([np.minimum(first, n), np.maximum(first, n) - n]),
                                      np.concatenate([np.minimum(start, n), np.maximum(start, n) - n]),
                                      np.concatenate([size, size]))
-        score = quantize_array((parts[:len(cand)] + parts[len(cand):]) / (size * self._cost_per_byte(cand, target)))
+        score = quantize_array((parts[:len(cand)] + parts[len(cand):]) / self._cost_s(cand, target, size))
         return np.where(start > first, score, 0.0), first, start
 
     def _score_one(self, i: int, target: str) -> tuple[float, int, int]:
@@ -281,8 +285,9 @@ class _Planner:
         benefit = (self.excess.benefit(min(first, n), min(start, n), size)
                    + self.excess.benefit(max(first, n) - n, max(start, n) - n, size))
         bw = self.hw.channel_bw()
-        cost = 1 / bw[f"{target}_write"] + (1 / bw[f"{target}_read"] if back else 0.0)
-        return quantize(benefit / (size * cost)), first, start
+        cost = (size * (1 / bw[f"{target}_write"] + (1 / bw[f"{target}_read"] if back else 0.0))
+                + (1 + back) * self.hw.transfer_cost_s)  # as _cost_s
+        return quantize(benefit / cost), first, start
 
     # ---- the greedy stages ------------------------------------------------------------------
     def _initial_key_array(self, cand: np.ndarray, target: str) -> np.ndarray:
@@ -294,7 +299,7 @@ class _Planner:
         t_over = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * over, 2))])
         t_any = np.concatenate([[0.0], np.cumsum(np.tile(self.tau * (over > 0), 2))])
         ub = np.minimum(t_over[last] - t_over[first], size * (t_any[last] - t_any[first]))
-        return quantize_array(ub * (1 + 1e-9) / (size * self._cost_per_byte(cand, target)))  # stays >= exact
+        return quantize_array(ub * (1 + 1e-9) / self._cost_s(cand, target, size))  # stays >= exact
 
     def _initial_keys(self, cand: np.ndarray, target: str) -> list[tuple[float, float, int]]:
         """Heap entries ``(-upper bound of score, -size, period)`` of the candidates that may help."""

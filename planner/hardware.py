@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
-__all__ = ["DEFAULT_CPU_ADAM_PARAMS_PER_S", "Hardware"]
+__all__ = ["DEFAULT_CPU_ADAM_PARAMS_PER_S", "ComputeCosts", "Hardware"]
 
 # NOTE [ CPU-Adam throughput ]: fp32 Adam on the CPU is bound by host memory
 # bandwidth: per parameter it reads param, grad and both moments and writes
@@ -14,6 +15,15 @@ __all__ = ["DEFAULT_CPU_ADAM_PARAMS_PER_S", "Hardware"]
 # CPU Adam: https://www.deepspeed.ai/tutorials/zero-offload). Using the bound
 # favours the ZeRO-Offload baseline, never the planner.
 DEFAULT_CPU_ADAM_PARAMS_PER_S = 100e9 / 28
+
+
+class ComputeCosts(TypedDict):
+    """``Hardware``'s costs of the compute, as the simulator takes them (keyword arguments)."""
+
+    copy_cost_s_per_byte: float
+    op_overhead_s: float
+    refault_s_per_byte: float
+    transfer_cost_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +54,9 @@ class Hardware:
     """Time to fault memory in again, seconds per byte: on a CPU the runtime gives the memory an
     iteration freed back to the OS at its end, and the next iteration faults it in again up to
     its peak (NOTE [ Copies on the compute ]); 0 on a GPU, measured on a CPU."""
+    transfer_cost_s: float = 0.0
+    """Compute time each transfer (out or back) takes beyond its bytes' copy cost, seconds: the
+    runtime's own work for it (NOTE [ Copies on the compute ]); 0 on a GPU, measured on a CPU."""
 
     def __post_init__(self) -> None:
         if self.gpu_mem_bytes <= 0:
@@ -55,10 +68,15 @@ class Hardware:
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
                 raise ValueError(f"{name} must be a positive finite number, not {value}")
-        for name in ("copy_cost_s_per_byte", "op_overhead_s", "refault_s_per_byte"):
+        for name in ("copy_cost_s_per_byte", "op_overhead_s", "refault_s_per_byte", "transfer_cost_s"):
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value}")
+
+    def compute_costs(self) -> ComputeCosts:
+        """The costs of the compute, as ``planner.simulate.simulate`` takes them."""
+        return {"copy_cost_s_per_byte": self.copy_cost_s_per_byte, "op_overhead_s": self.op_overhead_s,
+                "refault_s_per_byte": self.refault_s_per_byte, "transfer_cost_s": self.transfer_cost_s}
 
     def channel_bw(self) -> dict[str, float]:
         """Bytes per second of each channel, by the names the simulator uses."""

@@ -34,7 +34,8 @@ class RankPlan:
 
 def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
                    capacity_bytes: float, max_rounds: int = 4, *, copy_cost_s_per_byte: float = 0.0,
-                   op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0) -> RankPlan:
+                   op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
+                   transfer_cost_s: float = 0.0) -> RankPlan:
     """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
 
     Marking only adds urgency. Urgent transfers are served first, which can make
@@ -45,14 +46,14 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
     last one, 0.3% off there); where the marking did not settle (``settled``
     false), an op in it can wait on a transfer that is not urgent, and the
     runtime serves that one first once an op waits on it.
-    ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte``: NOTE [ Copies on the
-    compute ] in ``planner.simulate``.
+    ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte``, ``transfer_cost_s``:
+    NOTE [ Copies on the compute ] in ``planner.simulate``.
     """
 
     def sim_of(moves: tuple[Move, ...]) -> SimResult:
         return simulate(problem, moves, bw_bytes_per_s, capacity_bytes,
                         copy_cost_s_per_byte=copy_cost_s_per_byte, op_overhead_s=op_overhead_s,
-                        refault_s_per_byte=refault_s_per_byte)
+                        refault_s_per_byte=refault_s_per_byte, transfer_cost_s=transfer_cost_s)
 
     current = tuple(moves)
     sim = sim_of(current)
@@ -92,14 +93,12 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
         if len(clocks) == 1:
             best = ((True, 0.0), planned)
             break
-        sim = simulate(problem, planned, bw, hw.gpu_mem_bytes, copy_cost_s_per_byte=hw.copy_cost_s_per_byte,
-                       op_overhead_s=hw.op_overhead_s, refault_s_per_byte=hw.refault_s_per_byte)
+        sim = simulate(problem, planned, bw, hw.gpu_mem_bytes, **hw.compute_costs())
         score = (sim.fits, -sim.iteration_us)
         if best is None or score > best[0]:
             best = (score, planned)
     assert best is not None  # the ops' own clock is always tried
-    return settle_urgency(problem, best[1], bw, hw.gpu_mem_bytes, copy_cost_s_per_byte=hw.copy_cost_s_per_byte,
-                          op_overhead_s=hw.op_overhead_s, refault_s_per_byte=hw.refault_s_per_byte)
+    return settle_urgency(problem, best[1], bw, hw.gpu_mem_bytes, **hw.compute_costs())
 
 
 def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
@@ -217,6 +216,7 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
         "copy_cost_s_per_byte": hw.copy_cost_s_per_byte,
         "op_overhead_s": hw.op_overhead_s,
         "refault_s_per_byte": hw.refault_s_per_byte,
+        "transfer_cost_s": hw.transfer_cost_s,
         **(extra_parameters or {}),
     }
     return Plan(

@@ -56,13 +56,18 @@ FREE_BW = 1e30  # bytes/s
 # machine, ``planner.hardware``), added to the op that runs next (so the cost
 # lands within an op of where it was paid, and the channels go on moving bytes
 # meanwhile, which cost in turn); a byte moved during a stall costs nothing, as
-# the training thread only waits then. Every op also takes ``op_overhead_s``
+# the training thread only waits then. Every transfer started also costs the compute
+# ``transfer_cost_s``, added to the next op: the runtime's own work for it (its
+# bookkeeping on the training thread, the workers' Python beside it, a file made and
+# removed), which no byte count shows and which dominates for small tensors (a
+# 4 KiB tensor's transfer costs a CPU example about 0.3 ms of its compute, its bytes
+# 1.5 us). Every op also takes ``op_overhead_s``
 # more: the runtime's dispatch mode, which the profiled op times leave out. And
 # at each iteration boundary the runtime gives the memory freed back to the OS
 # (NOTE [ malloc on CPU ] in runtime/memory.py), which the next iteration faults
 # in again up to its peak: ``refault_s_per_byte`` times the previous
 # iteration's resident peak over what is resident when the iteration starts,
-# added to its first op. All three are 0 for a GPU, where the prediction is the
+# added to its first op. All four are 0 for a GPU, where the prediction is the
 # profiled ops and the stalls alone.
 
 _CHANNELS = ("ssd_write", "ssd_read", "host_write", "host_read")
@@ -126,7 +131,8 @@ class SimResult:
 class _Sim:
     def __init__(self, problem: PlanProblem, moves: Sequence[Move], bw: dict[str, float],
                  capacity_bytes: float, num_iterations: int, copy_cost_s_per_byte: float = 0.0,
-                 op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0) -> None:
+                 op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
+                 transfer_cost_s: float = 0.0) -> None:
         self.p = problem
         self.moves = moves
         self.cap = capacity_bytes
@@ -161,6 +167,7 @@ class _Sim:
         # NOTE [ Copies on the compute ]
         self.copy_us_per_byte = copy_cost_s_per_byte * 1e6
         self.op_overhead_us = op_overhead_s * 1e6
+        self.transfer_us = transfer_cost_s * 1e6
         self.computing = False  # an op runs: bytes moved now cost the compute
         self.debt_us = 0.0  # the copy cost not yet added to an op
         self.charged_us = 0.0  # copy cost added to the ops of the measured iteration
@@ -245,6 +252,7 @@ class _Sim:
         self.remaining[tid] = self.size[m]
         self.t_start[tid] = self.now
         heapq.heappush(self.heaps[self.write_ch[m]], (self.key_off[m], tid))
+        self._started(self.write_ch[m])
         if self.host[m]:
             self.host_used += self.size[m]
             self.host_peak = max(self.host_peak, self.host_used)
@@ -271,6 +279,13 @@ class _Sim:
         self.remaining[tid] = self.size[m]
         self.t_start[tid] = self.now
         heapq.heappush(self.heaps[self.read_ch[m]], (self.key_pre[m], tid))
+        self._started(self.read_ch[m])
+
+    def _started(self, channel: str) -> None:
+        """A transfer starts: the runtime's work for it, owed to the next op (NOTE [ Copies on
+        the compute ])."""
+        if self.bw_us[channel] < FREE_BW * 1e-6:
+            self.debt_us += self.transfer_us
 
     def _die(self, inst: int) -> None:
         """The storage of a trailing move's instance is freed: drop its copy or its write."""
@@ -387,17 +402,20 @@ class _Sim:
 
 def simulate(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
              capacity_bytes: float, num_iterations: int = 2, *, copy_cost_s_per_byte: float = 0.0,
-             op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0) -> SimResult:
+             op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
+             transfer_cost_s: float = 0.0) -> SimResult:
     """Simulate ``moves`` on ``problem``'s ops; see the module docstring for the model.
 
     ``bw_bytes_per_s`` has the channels ``ssd_write, ssd_read, host_write,
     host_read``; ``capacity_bytes`` may be ``inf`` (nothing waits for memory).
-    ``copy_cost_s_per_byte``, ``op_overhead_s`` and ``refault_s_per_byte``: NOTE [ Copies
-    on the compute ] (``Hardware``'s fields of those names; 0 for a GPU).
+    ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte`` and
+    ``transfer_cost_s``: NOTE [ Copies on the compute ] (``Hardware``'s fields of those names;
+    0 for a GPU).
     """
     if num_iterations < 1:
         raise ValueError("num_iterations must be at least 1")
-    if min(copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte) < 0:
-        raise ValueError("copy_cost_s_per_byte, op_overhead_s and refault_s_per_byte must be >= 0")
+    if min(copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte, transfer_cost_s) < 0:
+        raise ValueError("copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte and transfer_cost_s "
+                         "must be >= 0")
     return _Sim(problem, moves, bw_bytes_per_s, capacity_bytes, num_iterations,
-                copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte).run()
+                copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte, transfer_cost_s).run()

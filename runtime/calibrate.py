@@ -23,6 +23,15 @@ runtime itself adds):
   it, per byte; the median of ``rounds``. (It measured 0.45-0.55 ns/byte in
   four processes here, where trimming and re-making tensors measured 0.009-0.49:
   whether glibc then faulted anything in depended on its heap's state.)
+- ``transfer_cost_s``: the compute time each transfer takes beyond its
+  bytes' copy cost (the executor's bookkeeping on the training thread, the
+  workers' Python beside it, the swap file made and removed). A small model's
+  training steps (short ops, as a CPU example's) under ``teraio run``'s
+  executor, with every idle stretch of every tensor moved out and back
+  through the posix backend, against the same steps with nothing moved; the
+  extra time, less the copy cost of the bytes, over the transfers. Median of
+  ``rounds``, each the median of a dozen steps. (280-310 us here, where the
+  per-byte figure makes a 4 KiB tensor's transfer 1.5 us.)
 
 All are measured, never assumed; ``python -m runtime.calibrate`` prints them,
 and ``runtime.cpu_costs`` keeps them per machine for ``teraio plan``.
@@ -45,7 +54,8 @@ from runtime.cpu_costs import CpuCosts
 from runtime.engine import Job, MigrationEngine
 from runtime.storage import byte_view, free_storage, realloc_storage
 
-__all__ = ["measure_copy_cost", "measure_cpu_costs", "measure_op_overhead", "measure_refault"]
+__all__ = ["measure_copy_cost", "measure_cpu_costs", "measure_op_overhead", "measure_refault",
+           "measure_transfer_cost"]
 
 
 class _Compute:
@@ -153,6 +163,75 @@ def measure_op_overhead(num_ops: int = 5000, rounds: int = 5) -> float:
     return max(min(under) - min(plain), 0.0) / num_ops
 
 
+def _train_small(steps: int, times: list[float] | None = None) -> None:
+    """A small model's training steps (short ops, as a CPU example's), its parameters made first;
+    each step's seconds appended to ``times``."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 8))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        x = torch.randn(128, 64, generator=gen)
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if times is not None:
+            times.append(time.perf_counter() - t0)
+
+
+def measure_transfer_cost(swap_dir: str | Path | None = None, copy_cost_s_per_byte: float = 0.0,
+                          steps: int = 12, rounds: int = 3) -> float:
+    """Compute seconds each transfer (out or back) takes beyond its bytes' copy cost; see the
+    module docstring."""
+    from planner.plan import Migration, Plan
+    from profiles import inactive_periods, made_bytes
+    from runtime.api import offload
+    from torch_patch import ProfileComplete, Tracer
+
+    tracer = Tracer(warmup=1, iters=1)
+    try:
+        with tracer:
+            _train_small(10)
+    except ProfileComplete:
+        pass
+    prof = tracer.profile({})
+    rank = prof.ranks[0]  # RANK, where a launcher left it set in this shell
+    names = prof.kernels_of(rank)["op_name"].tolist()
+    periods = inactive_periods(prof, rank)
+    periods = periods[~periods["wraps"] & periods["reads_back"] & (periods["num_ops"] >= 3)]
+    moves = []
+    columns = (periods[c].tolist() for c in ("tensor_id", "size_bytes", "start_op", "end_op"))
+    for tid, size, start, end in zip(*columns, strict=True):  # every idle stretch: out, and back in time
+        for action, trigger, deadline in (("offload", start + 1, start + 2), ("prefetch", end - 1, end)):
+            moves.append(Migration(tensor_id=tid, size_bytes=size, action=action, place="ssd",
+                                   trigger_op=trigger, deadline_op=deadline, start_us=None, end_us=None,
+                                   urgent=False, priority=0, wraps=False, period_start_op=start,
+                                   period_end_op=end))
+    moved_bytes = sum(m.size_bytes for m in moves)
+
+    def plan(migrations: list[Migration]) -> Plan:
+        return Plan(signature="", parameters={"host_mem_bytes": 0}, summary={}, migrations={0: migrations},
+                    op_names={0: names}, made_bytes={0: made_bytes(prof, rank).tolist()})
+
+    with_moves, without = plan(moves), plan([])
+    costs = []
+    with tempfile.TemporaryDirectory(prefix="teraio-calibrate-", dir=swap_dir) as d:
+        for _ in range(rounds):
+            medians = []
+            for p in (without, with_moves):
+                times: list[float] = []
+                with offload(p, swap_dir=d, backend="posix", rank=0):
+                    _train_small(steps, times)
+                medians.append(statistics.median(times[2:]))  # iterations 0 and 1 warm up
+            lost = medians[1] - medians[0] - copy_cost_s_per_byte * moved_bytes
+            costs.append(max(lost, 0.0) / len(moves))
+    return statistics.median(costs)
+
+
 def measure_refault(total_bytes: int = 128 << 20, rounds: int = 5) -> float:
     """Seconds per byte of faulting memory in again; see the module docstring."""
     costs = []
@@ -171,9 +250,11 @@ def measure_refault(total_bytes: int = 128 << 20, rounds: int = 5) -> float:
 
 
 def measure_cpu_costs(swap_dir: str | Path | None = None) -> CpuCosts:
-    """All three figures; a few seconds."""
-    return CpuCosts(copy_cost_s_per_byte=measure_copy_cost(swap_dir), op_overhead_s=measure_op_overhead(),
-                    refault_s_per_byte=measure_refault())
+    """All four figures; 10-15 s."""
+    copy_cost = measure_copy_cost(swap_dir)
+    return CpuCosts(copy_cost_s_per_byte=copy_cost, op_overhead_s=measure_op_overhead(),
+                    refault_s_per_byte=measure_refault(),
+                    transfer_cost_s=measure_transfer_cost(swap_dir, copy_cost))
 
 
 def main() -> None:
@@ -188,7 +269,8 @@ def main() -> None:
         print(json.dumps(dataclasses.asdict(costs)))
     else:
         print(f"copy cost {costs.copy_cost_s_per_byte * 1e9:.3f} ns per byte moved; op overhead "
-              f"{costs.op_overhead_s * 1e6:.2f} us per op; refault {costs.refault_s_per_byte * 1e9:.3f} ns per byte")
+              f"{costs.op_overhead_s * 1e6:.2f} us per op; refault {costs.refault_s_per_byte * 1e9:.3f} ns per byte; "
+              f"{costs.transfer_cost_s * 1e6:.1f} us per transfer")
 
 
 if __name__ == "__main__":

@@ -31,10 +31,12 @@ class CpuCosts:
     """Time the executor's dispatch mode adds to each op."""
     refault_s_per_byte: float
     """Time to fault memory in again after the boundary's trim, per byte."""
+    transfer_cost_s: float
+    """Compute time each transfer takes beyond its bytes' copy cost."""
 
 
 CACHE_DAYS = 7
-METHOD = 2  # of ``runtime.calibrate``: figures measured another way are measured again
+METHOD = 3  # of ``runtime.calibrate``: figures measured another way are measured again
 
 
 def _torch_version() -> str:

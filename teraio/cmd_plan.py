@@ -93,6 +93,7 @@ def _relative_budget(text: str, problems: list[Any]) -> int:
 
 
 def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refault_cost: str,
+                           transfer_cost: str = "auto",
                            swap_dir: Path | None = None) -> tuple[dict[str, float], str | None]:
     """``Hardware``'s costs of the compute (NOTE [ Copies on the compute ] in ``planner.simulate``)
     from the command-line strings, and how they were had (None: given, or 0).
@@ -104,6 +105,7 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
         "copy_cost_s_per_byte": ("--copy-cost", copy_cost, 1e-9),
         "op_overhead_s": ("--op-overhead", op_overhead, 1e-6),
         "refault_s_per_byte": ("--refault-cost", refault_cost, 1e-9),
+        "transfer_cost_s": ("--transfer-cost", transfer_cost, 1e-6),
     }
     costs: dict[str, float] = {}
     for field, (option, text, unit) in options.items():
@@ -122,7 +124,7 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
 
     measured, how = cached_cpu_costs(swap_dir, measuring=lambda: info(
         "measuring what moving tensors costs the compute on this machine, once (the profile ran on the "
-        "CPU; --copy-cost, --op-overhead and --refault-cost give the figures instead)"))
+        "CPU; --copy-cost, --op-overhead, --refault-cost and --transfer-cost give the figures instead)"))
     return {field: costs.get(field, getattr(measured, field)) for field in options}, how
 
 
@@ -288,6 +290,11 @@ def plan(
              "iteration's freed memory back to the OS at its end, and the next faults it in again up to "
              "its peak. auto: measured on this machine for a profile taken on the CPU, 0 for any "
              "other.")] = "auto",
+    transfer_cost: Annotated[str, typer.Option(
+        help="Compute time `teraio run` spends on each transfer (out or back) beyond its bytes' copy "
+             "cost, in microseconds: its own work for the transfer, which makes moving a small tensor "
+             "cost far more than its bytes. auto: measured on this machine for a profile taken on the "
+             "CPU, 0 for any other.")] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Plan which tensors go to SSD or host memory and when, and predict the cost.
@@ -316,12 +323,13 @@ def plan(
     elif gpu_mem is not None and gpu_mem.strip().endswith("%"):
         info(f"--gpu-mem {gpu_mem.strip()}: planning for {hw.gpu_mem_bytes:,} bytes ({_mib(hw.gpu_mem_bytes)}) "
              "of the profiled peak")
-    costs, how = cpu_costs_from_options(prof, copy_cost, op_overhead, refault_cost)
+    costs, how = cpu_costs_from_options(prof, copy_cost, op_overhead, refault_cost, transfer_cost)
     hw = replace(hw, **costs)
     if how is not None:
         info(f"copies cost the compute {hw.copy_cost_s_per_byte * 1e9:.3f} ns per byte moved, the runtime "
-             f"{hw.op_overhead_s * 1e6:.1f} us per op, faulting memory in again {hw.refault_s_per_byte * 1e9:.3f} "
-             f"ns per byte ({how}; NOTE [ Copies on the compute ] in planner/simulate.py)")
+             f"{hw.op_overhead_s * 1e6:.1f} us per op and {hw.transfer_cost_s * 1e6:.0f} us per transfer, "
+             f"faulting memory in again {hw.refault_s_per_byte * 1e9:.3f} ns per byte ({how}; NOTE [ Copies "
+             "on the compute ] in planner/simulate.py)")
     rank_plans = {}
     comparison: dict[str, Any] = {}
     for rank, problem in problems.items():

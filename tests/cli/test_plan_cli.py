@@ -191,7 +191,7 @@ def test_copies_on_the_compute_are_zero_off_the_cpu_and_charged_when_given(synth
     assert cpu.summary["predicted_iteration_us"] > gpu.summary["predicted_iteration_us"]
 
 
-@pytest.mark.parametrize("option", ["--copy-cost", "--op-overhead", "--refault-cost"])
+@pytest.mark.parametrize("option", ["--copy-cost", "--op-overhead", "--refault-cost", "--transfer-cost"])
 def test_bad_compute_costs_are_one_line_and_exit_2(synth: Path, option: str) -> None:
     for bad in ("fast", "-1", "inf"):
         r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", option, bad, "--out", synth / "x.json")
@@ -218,4 +218,5 @@ def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
     for params in plans:
         assert params["op_overhead_s"] == pytest.approx(20e-6)  # given, not measured
         assert params["copy_cost_s_per_byte"] >= 0 and params["refault_s_per_byte"] >= 0
+        assert params["transfer_cost_s"] > 0  # hundreds of us here: never lost in the noise
     assert plans[0]["copy_cost_s_per_byte"] == plans[1]["copy_cost_s_per_byte"]

@@ -34,9 +34,7 @@ def make_profile(durations: list[float], tensors: list[dict], accesses: list[tup
 
 def assert_simulates_its_moves(result: RankPlan, hw: Hardware) -> None:
     """The prediction a plan reports is the simulation of the moves it returns."""
-    again = simulate(result.problem, result.moves, hw.channel_bw(), hw.gpu_mem_bytes,
-                     copy_cost_s_per_byte=hw.copy_cost_s_per_byte, op_overhead_s=hw.op_overhead_s,
-                     refault_s_per_byte=hw.refault_s_per_byte)
+    again = simulate(result.problem, result.moves, hw.channel_bw(), hw.gpu_mem_bytes, **hw.compute_costs())
     assert again.iteration_us == result.sim.iteration_us and again.peak_bytes == result.sim.peak_bytes
     assert again.waited_prefetches == result.sim.waited_prefetches
     assert again.waited_offloads == result.sim.waited_offloads
