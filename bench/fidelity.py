@@ -1,8 +1,9 @@
 """Predictions that hold: `teraio plan`'s predicted iteration time and tracked peak against
 what `teraio run` measures, on the CPU.
 
-For each example size: `teraio profile`, then at 75% and 50% of the profiled
-peak and at the smallest budget any plan meets, `teraio plan` (the disk's
+For each example size: `teraio profile`, then at 100% (a plan that moves
+nothing: the error of the base, the runtime's own costs without transfers), 75%
+and 50% of the profiled peak and at the smallest budget any plan meets, `teraio plan` (the disk's
 measured O_DIRECT bandwidth, and the costs of copies on the compute measured on
 this machine once, ``python -m runtime.calibrate``, as `teraio plan` measures
 them by default for a CPU profile: NOTE [ Copies on the compute ] in
@@ -86,7 +87,8 @@ def main() -> None:
             plain_s = statistics.median(steps(plain_run.stdout, 1)[0]) / 1e3
             problem = problem_from_profile(read_profile(prof))
             peak = int(problem.memory_bytes.max())
-            budgets = {"75%": int(peak * 0.75), "50%": peak // 2,
+            # 100%: a plan that moves nothing, so the error of the rest can be told from the base's
+            budgets = {"100%": peak, "75%": int(peak * 0.75), "50%": peak // 2,
                        "smallest": int(resident_need_bytes(problem).max())}
             for share, budget in budgets.items():
                 plan, report = work / f"plan-{size}-{share}.json", work / "run.json"

@@ -13,9 +13,15 @@ runtime itself adds):
   done and gives it its bytes back before its read); the loop's extra time
   over the bytes moved. Alone and with copies alternate ``rounds`` times; the
   median.
-- ``op_overhead_s``: the time the executor's dispatch mode adds to an op: a
-  loop of small ops under it (a steady iteration, empty plan) against the same
-  loop without it; the best of ``rounds``.
+- ``op_overhead_s``: the time the executor adds to an op (its dispatch mode,
+  its bookkeeping of each op's storages): a small model's training steps
+  (short ops, as a CPU example's: ``_train_small``) under ``teraio run``'s
+  executor with a plan that moves nothing, against the same steps plainly,
+  over the ops of a step; median of ``rounds``, each the median of a dozen
+  steps. (35-39 us per op here. A loop of tiny adds measured 9 us, and plans
+  made with that fell short by 40 ms of the small example's 450 ms with
+  nothing moved: its ops have more inputs and outputs, and backward's come
+  from autograd's engine.)
 - ``refault_s_per_byte``: what giving freed memory back to the OS at an
   iteration boundary costs (NOTE [ malloc on CPU ] in ``runtime.memory``): the
   pages the next iteration faults in again, each zeroed by the kernel. A first
@@ -25,12 +31,11 @@ runtime itself adds):
   whether glibc then faulted anything in depended on its heap's state.)
 - ``transfer_cost_s``: the compute time each transfer takes beyond its
   bytes' copy cost (the executor's bookkeeping on the training thread, the
-  workers' Python beside it, the swap file made and removed). A small model's
-  training steps (short ops, as a CPU example's) under ``teraio run``'s
-  executor, with every idle stretch of every tensor moved out and back
-  through the posix backend, against the same steps with nothing moved; the
-  extra time, less the copy cost of the bytes, over the transfers. Median of
-  ``rounds``, each the median of a dozen steps. (280-310 us here, where the
+  workers' Python beside it, the swap file made and removed). The same steps
+  with every idle stretch of every tensor moved out and back through the
+  posix backend, against the plan that moves nothing; the extra time, less
+  the copy cost of the bytes, over the transfers. Median of ``rounds``, each
+  the median of a dozen steps. (280-310 us here, where the
   per-byte figure makes a 4 KiB tensor's transfer 1.5 us.)
 
 All are measured, never assumed; ``python -m runtime.calibrate`` prints them,
@@ -49,6 +54,7 @@ from pathlib import Path
 
 import torch
 
+from planner.plan import Migration, Plan
 from runtime.backends import PosixBackend
 from runtime.cpu_costs import CpuCosts
 from runtime.engine import Job, MigrationEngine
@@ -136,33 +142,6 @@ def measure_copy_cost(swap_dir: str | Path | None = None, total_bytes: int = 128
     return statistics.median(costs)
 
 
-def measure_op_overhead(num_ops: int = 5000, rounds: int = 5) -> float:
-    """Seconds the executor's dispatch mode adds to a small op; see the module docstring."""
-    from planner.plan import Plan
-    from runtime.api import offload
-    from torch_patch import mark_iteration
-
-    x, y0 = torch.ones(16), torch.ones(16)
-
-    def loop() -> float:
-        t0 = time.perf_counter()
-        y = y0
-        for _ in range(num_ops):
-            y = y + x
-        return time.perf_counter() - t0
-
-    plain, under = [], []
-    empty = Plan(signature="", parameters={"host_mem_bytes": 0}, summary={}, migrations={0: []})
-    for _ in range(rounds):
-        loop()
-        plain.append(loop())
-        with tempfile.TemporaryDirectory(prefix="teraio-calibrate-") as d, offload(empty, swap_dir=d, rank=0):
-            mark_iteration()  # a steady iteration, as the plan's are
-            loop()
-            under.append(loop())
-    return max(min(under) - min(plain), 0.0) / num_ops
-
-
 def _train_small(steps: int, times: list[float] | None = None) -> None:
     """A small model's training steps (short ops, as a CPU example's), its parameters made first;
     each step's seconds appended to ``times``."""
@@ -183,51 +162,83 @@ def _train_small(steps: int, times: list[float] | None = None) -> None:
             times.append(time.perf_counter() - t0)
 
 
+@dataclasses.dataclass(frozen=True)
+class _SmallPlans:
+    """``_train_small`` profiled here, and two plans of it: nothing moved, and every idle stretch
+    of every tensor moved out after its last use and back before its next."""
+
+    num_ops: int  # per step
+    nothing: Plan
+    everything: Plan
+
+    @classmethod
+    def make(cls) -> _SmallPlans:
+        from profiles import inactive_periods, made_bytes
+        from torch_patch import ProfileComplete, Tracer
+
+        tracer = Tracer(warmup=1, iters=1)
+        try:
+            with tracer:
+                _train_small(10)
+        except ProfileComplete:
+            pass
+        prof = tracer.profile({})
+        rank = prof.ranks[0]  # RANK, where a launcher left it set in this shell
+        names = prof.kernels_of(rank)["op_name"].tolist()
+        periods = inactive_periods(prof, rank)
+        periods = periods[~periods["wraps"] & periods["reads_back"] & (periods["num_ops"] >= 3)]
+        moves = []
+        columns = (periods[c].tolist() for c in ("tensor_id", "size_bytes", "start_op", "end_op"))
+        for tid, size, start, end in zip(*columns, strict=True):
+            for action, trigger, deadline in (("offload", start + 1, start + 2), ("prefetch", end - 1, end)):
+                moves.append(Migration(tensor_id=tid, size_bytes=size, action=action, place="ssd",
+                                       trigger_op=trigger, deadline_op=deadline, start_us=None, end_us=None,
+                                       urgent=False, priority=0, wraps=False, period_start_op=start,
+                                       period_end_op=end))
+
+        def plan(migrations: list[Migration]) -> Plan:  # followed as rank 0's
+            return Plan(signature="", parameters={"host_mem_bytes": 0}, summary={}, migrations={0: migrations},
+                        op_names={0: names}, made_bytes={0: made_bytes(prof, rank).tolist()})
+
+        return cls(len(names), plan([]), plan(moves))
+
+
+def _step_s(plan: Plan | None, swap_dir: str, steps: int) -> float:
+    """The median step of ``_train_small`` under ``plan`` (None: plainly), iterations 2 on."""
+    from runtime.api import offload
+
+    times: list[float] = []
+    if plan is None:
+        _train_small(steps, times)
+    else:
+        with offload(plan, swap_dir=swap_dir, backend="posix", rank=0):
+            _train_small(steps, times)
+    return statistics.median(times[2:])  # iterations 0 and 1 warm up
+
+
+def measure_op_overhead(swap_dir: str | Path | None = None, steps: int = 12, rounds: int = 3) -> float:
+    """Seconds the executor adds to each op; see the module docstring."""
+    plans = _SmallPlans.make()
+    costs = []
+    with tempfile.TemporaryDirectory(prefix="teraio-calibrate-", dir=swap_dir) as d:
+        for _ in range(rounds):
+            plain, under = _step_s(None, d, steps), _step_s(plans.nothing, d, steps)
+            costs.append(max(under - plain, 0.0) / plans.num_ops)
+    return statistics.median(costs)
+
+
 def measure_transfer_cost(swap_dir: str | Path | None = None, copy_cost_s_per_byte: float = 0.0,
                           steps: int = 12, rounds: int = 3) -> float:
     """Compute seconds each transfer (out or back) takes beyond its bytes' copy cost; see the
     module docstring."""
-    from planner.plan import Migration, Plan
-    from profiles import inactive_periods, made_bytes
-    from runtime.api import offload
-    from torch_patch import ProfileComplete, Tracer
-
-    tracer = Tracer(warmup=1, iters=1)
-    try:
-        with tracer:
-            _train_small(10)
-    except ProfileComplete:
-        pass
-    prof = tracer.profile({})
-    rank = prof.ranks[0]  # RANK, where a launcher left it set in this shell
-    names = prof.kernels_of(rank)["op_name"].tolist()
-    periods = inactive_periods(prof, rank)
-    periods = periods[~periods["wraps"] & periods["reads_back"] & (periods["num_ops"] >= 3)]
-    moves = []
-    columns = (periods[c].tolist() for c in ("tensor_id", "size_bytes", "start_op", "end_op"))
-    for tid, size, start, end in zip(*columns, strict=True):  # every idle stretch: out, and back in time
-        for action, trigger, deadline in (("offload", start + 1, start + 2), ("prefetch", end - 1, end)):
-            moves.append(Migration(tensor_id=tid, size_bytes=size, action=action, place="ssd",
-                                   trigger_op=trigger, deadline_op=deadline, start_us=None, end_us=None,
-                                   urgent=False, priority=0, wraps=False, period_start_op=start,
-                                   period_end_op=end))
+    plans = _SmallPlans.make()
+    moves = plans.everything.migrations[0]
     moved_bytes = sum(m.size_bytes for m in moves)
-
-    def plan(migrations: list[Migration]) -> Plan:
-        return Plan(signature="", parameters={"host_mem_bytes": 0}, summary={}, migrations={0: migrations},
-                    op_names={0: names}, made_bytes={0: made_bytes(prof, rank).tolist()})
-
-    with_moves, without = plan(moves), plan([])
     costs = []
     with tempfile.TemporaryDirectory(prefix="teraio-calibrate-", dir=swap_dir) as d:
         for _ in range(rounds):
-            medians = []
-            for p in (without, with_moves):
-                times: list[float] = []
-                with offload(p, swap_dir=d, backend="posix", rank=0):
-                    _train_small(steps, times)
-                medians.append(statistics.median(times[2:]))  # iterations 0 and 1 warm up
-            lost = medians[1] - medians[0] - copy_cost_s_per_byte * moved_bytes
+            without, with_moves = _step_s(plans.nothing, d, steps), _step_s(plans.everything, d, steps)
+            lost = with_moves - without - copy_cost_s_per_byte * moved_bytes
             costs.append(max(lost, 0.0) / len(moves))
     return statistics.median(costs)
 
@@ -252,7 +263,7 @@ def measure_refault(total_bytes: int = 128 << 20, rounds: int = 5) -> float:
 def measure_cpu_costs(swap_dir: str | Path | None = None) -> CpuCosts:
     """All four figures; 10-15 s."""
     copy_cost = measure_copy_cost(swap_dir)
-    return CpuCosts(copy_cost_s_per_byte=copy_cost, op_overhead_s=measure_op_overhead(),
+    return CpuCosts(copy_cost_s_per_byte=copy_cost, op_overhead_s=measure_op_overhead(swap_dir),
                     refault_s_per_byte=measure_refault(),
                     transfer_cost_s=measure_transfer_cost(swap_dir, copy_cost))
 

@@ -36,7 +36,7 @@ class CpuCosts:
 
 
 CACHE_DAYS = 7
-METHOD = 3  # of ``runtime.calibrate``: figures measured another way are measured again
+METHOD = 4  # of ``runtime.calibrate``: figures measured another way are measured again
 
 
 def _torch_version() -> str:
