@@ -316,17 +316,17 @@ def signals_outside_callbacks() -> Iterator[None]:
     installed stays)."""
     global _redeliverer
     wrapped: dict[signal.Signals, tuple[Any, Any]] = {}
-    if threading.current_thread() is threading.main_thread() and sys.platform != "win32":
-        if _redeliverer is None or not _redeliverer.is_alive():  # none yet, or a forked child
-            _redeliverer = threading.Thread(target=_redeliver, daemon=True, name="teraio-redeliver")
-            _redeliverer.start()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            handler = signal.getsignal(sig)
-            if callable(handler):
-                wrapper = _deferring(handler)
-                wrapped[sig] = (handler, wrapper)
-                signal.signal(sig, wrapper)
-    try:
+    try:  # a signal between the two swaps still restores the first
+        if threading.current_thread() is threading.main_thread() and sys.platform != "win32":
+            if _redeliverer is None or not _redeliverer.is_alive():  # none yet, or a forked child
+                _redeliverer = threading.Thread(target=_redeliver, daemon=True, name="teraio-redeliver")
+                _redeliverer.start()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                handler = signal.getsignal(sig)
+                if callable(handler):
+                    wrapper = _deferring(handler)
+                    wrapped[sig] = (handler, wrapper)
+                    signal.signal(sig, wrapper)
         yield
     finally:
         for sig, (original, wrapper) in wrapped.items():

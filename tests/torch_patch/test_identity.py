@@ -188,3 +188,27 @@ def test_a_handler_the_body_installs_stays() -> None:
         assert signal.getsignal(signal.SIGINT) is mine
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_ctrl_c_between_the_two_handler_swaps_restores_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    def on_term(signum: int, frame: Any) -> None:
+        pass
+
+    swap = signal.signal
+    monkeypatch.setattr(signal, "signal", swap)  # undone last
+    default_term = swap(signal.SIGTERM, on_term)  # a Python handler, so that it is wrapped too
+    before = (signal.getsignal(signal.SIGINT), on_term)
+
+    def interrupted_at_sigterm(sig: int, handler: Any) -> Any:
+        if sig == signal.SIGTERM:
+            raise KeyboardInterrupt
+        return swap(sig, handler)
+
+    monkeypatch.setattr(signal, "signal", interrupted_at_sigterm)
+    with pytest.raises(KeyboardInterrupt), signals_outside_callbacks():
+        pass
+    monkeypatch.undo()
+    try:
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    finally:
+        signal.signal(signal.SIGTERM, default_term)
