@@ -16,6 +16,7 @@ from planner.job import predict_job, rank_ops
 from planner.pace import DEFAULT_MARGINS, paced_durations
 from planner.plan import Migration, Plan
 from planner.problem import PlanProblem
+from planner.rebalance import fill_host
 from planner.simulate import SimResult, simulate
 
 __all__ = ["RankPlan", "build_plan", "job_summary", "plan_rank", "settle_urgency", "summarize"]
@@ -76,8 +77,9 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
     """Plan one rank and simulate the plan: ``plan_greedy`` (which reports to ``progress`` on long
     work) on the ops' own clock and, when some window's transfers need more time than its ops take,
     on the clock paced by each of ``margins`` (NOTE [ Paced clock ] in ``planner.pace``). Each plan
-    is simulated once; the one that fits and runs fastest gets its urgent transfers marked
-    (``settle_urgency``)."""
+    is simulated once; the one that fits and runs fastest gets SSD moves sent to idle host memory
+    where that is faster (NOTE [ Host memory left idle ] in ``planner.rebalance``) and its urgent
+    transfers marked (``settle_urgency``)."""
     bound = iteration_bound(problem, hw)
     clocks: list[tuple[str, np.ndarray]] = [("the ops' own clock", problem.duration_us)]
     for margin in margins:
@@ -85,20 +87,22 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
         if paced is not None:
             clocks.append((f"the paced clock, margin {margin:g}", paced))
     bw = hw.channel_bw()
-    best: tuple[tuple[bool, float], list[Move]] | None = None
+
+    def sim_of(moves: Sequence[Move]) -> SimResult:
+        return simulate(problem, moves, bw, hw.gpu_mem_bytes, **hw.compute_costs())
+
+    best: tuple[tuple[bool, float], list[Move], SimResult] | None = None
     for i, (name, durations) in enumerate(clocks):
         if progress is not None and len(clocks) > 1:
             progress(f"planning on {name} ({i + 1} of {len(clocks)})")
         planned = plan_greedy(replace(problem, duration_us=durations), hw, progress=progress)
-        if len(clocks) == 1:
-            best = ((True, 0.0), planned)
-            break
-        sim = simulate(problem, planned, bw, hw.gpu_mem_bytes, **hw.compute_costs())
+        sim = sim_of(planned)
         score = (sim.fits, -sim.iteration_us)
         if best is None or score > best[0]:
-            best = (score, planned)
+            best = (score, planned, sim)
     assert best is not None  # the ops' own clock is always tried
-    return settle_urgency(problem, best[1], bw, hw.gpu_mem_bytes, **hw.compute_costs())
+    moves, _ = fill_host(problem, best[1], best[2], hw, bound, sim_of)
+    return settle_urgency(problem, moves, bw, hw.gpu_mem_bytes, **hw.compute_costs())
 
 
 def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
