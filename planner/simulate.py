@@ -98,7 +98,8 @@ class SimResult:
     offload_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     prefetch_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
     # time the ops took beyond their profiled time (NOTE [ Copies on the compute ]): the
-    # copies' cost, the runtime's per-op overhead, the boundary's faults
+    # copies' cost with each transfer's own (``transfer_cost_s``), the runtime's per-op overhead,
+    # the boundary's faults
     copy_charge_us: float = 0.0
     op_overhead_us: float = 0.0
     refault_us: float = 0.0

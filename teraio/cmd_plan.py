@@ -115,8 +115,8 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
             value = float(text)
         except ValueError:
             fail(f"{option}: bad value {text!r}: give a number or auto")
-        if not 0 <= value < float("inf"):
-            fail(f"{option}: bad value {text!r}: must be a number >= 0")
+        if not 0 <= value * unit <= 1.0:  # more than a second per byte, op or transfer is a typo
+            fail(f"{option}: bad value {text!r}: must be a number from 0 to {1 / unit:.0e}")
         costs[field] = value * unit
     if profile.meta.get("device_type") != "cpu" or len(costs) == len(options):
         return {field: costs.get(field, 0.0) for field in options}, None
@@ -155,8 +155,8 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
               f"moved once: {s['bound_peak_us'] / 1e3:,.2f} ms; per phase: {s['bound_phases_us'] / 1e3:,.2f} ms); "
               f"predicted {s['bound_ratio']:.3f}x of it")
     if s.get("copy_charge_us") or s.get("op_overhead_us") or s.get("refault_us"):
-        print(f"            of which copies on the compute {s['copy_charge_us'] / 1e3:,.2f} ms, the runtime's "
-              f"per-op cost {s['op_overhead_us'] / 1e3:,.2f} ms, faulting memory in again "
+        print(f"            of which copies and transfers on the compute {s['copy_charge_us'] / 1e3:,.2f} ms, "
+              f"the runtime's per-op cost {s['op_overhead_us'] / 1e3:,.2f} ms, faulting memory in again "
               f"{s['refault_us'] / 1e3:,.2f} ms")
     print(f"moved       {_mib(s['bytes_to_ssd'])} to SSD, {_mib(s['bytes_to_host'])} to host per iteration; "
           f"{s['num_migrations']:,} migrations ({s['num_urgent']:,} urgent)")

@@ -181,7 +181,7 @@ def test_copies_on_the_compute_are_zero_off_the_cpu_and_charged_when_given(synth
     r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--no-compare",
                    "--copy-cost", "1.5", "--op-overhead", "20", "--refault-cost", "0.5", "--out", synth / "cpu.json")
     assert r.returncode == 0, r.stderr
-    assert "of which copies on the compute" in r.stdout
+    assert "of which copies and transfers on the compute" in r.stdout
     cpu = load_plan(synth / "cpu.json")
     assert cpu.parameters["copy_cost_s_per_byte"] == pytest.approx(1.5e-9)
     assert cpu.parameters["op_overhead_s"] == pytest.approx(20e-6)
@@ -193,7 +193,7 @@ def test_copies_on_the_compute_are_zero_off_the_cpu_and_charged_when_given(synth
 
 @pytest.mark.parametrize("option", ["--copy-cost", "--op-overhead", "--refault-cost", "--transfer-cost"])
 def test_bad_compute_costs_are_one_line_and_exit_2(synth: Path, option: str) -> None:
-    for bad in ("fast", "-1", "inf"):
+    for bad in ("fast", "-1", "inf", "nan", "1e308"):  # 1e308 overflowed the simulation to NaN
         r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", option, bad, "--out", synth / "x.json")
         assert r.returncode == 2 and f"{option}: bad value" in r.stderr and "Traceback" not in r.stderr
 
