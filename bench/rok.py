@@ -20,8 +20,10 @@ configurations run alternately, ``--rounds`` times. Peak memory is tracked
 bytes (the storages PyTorch ops see: the profiled peak for plain runs, the run
 report's per-iteration peaks from iteration 1 for `teraio run`) and peak RSS
 (the example's per-step peak for plain runs, the run report's per-iteration
-peak for `teraio run`). Plans use the disk's measured O_DIRECT bandwidth and
-`teraio plan`'s defaults otherwise (posix backend).
+peak for `teraio run`). Plans use the figures ``runtime.calibrate`` measures
+on this machine (``machine``: the posix backend's bandwidth beside training,
+each transfer's latency, the costs on the compute) and `teraio plan`'s
+defaults otherwise (posix backend).
 
     python bench/rok.py [--sizes small wide] [--rounds 1] [--plot rok.png]
 
@@ -83,22 +85,28 @@ class Config:
 
 
 def machine(work: Path) -> list[str]:
-    """`teraio plan`'s options for this machine: the disk's O_DIRECT bandwidth and what copies cost
-    the compute here (``runtime.calibrate``, measured once for every plan)."""
+    """`teraio plan`'s options for this machine (``runtime.calibrate``, measured once for every plan):
+    what copies and transfers cost the compute here, each transfer's latency, and the posix backend's
+    bandwidth beside training (beyond that latency), which the runtime gets, not the disk's raw
+    O_DIRECT bandwidth (printed beside it)."""
     quiet.wait_idle()
     bw_w, bw_r = raw_o_direct(work, 256 * MIB)
     costs = json.loads(quiet.sh(sys.executable, "-m", "runtime.calibrate", "--json", "--swap-dir", work,
                                     label="calibrate").stdout)
-    print(f"disk (O_DIRECT, 256 MiB): write {bw_w / 1e9:.2f} GB/s, read {bw_r / 1e9:.2f} GB/s; copies cost "
+    plan_w, plan_r = costs["posix_write_bw_bytes_per_s"], costs["posix_read_bw_bytes_per_s"]
+    print(f"disk (O_DIRECT, 256 MiB): write {bw_w / 1e9:.2f} GB/s, read {bw_r / 1e9:.2f} GB/s; the posix backend "
+          f"beside training {plan_w / 1e9:.2f} and {plan_r / 1e9:.2f} GB/s, each transfer holding its channel "
+          f"{costs['transfer_latency_s'] * 1e6:.0f} us more; copies cost "
           f"the compute {costs['copy_cost_s_per_byte'] * 1e9:.3f} ns/byte, teraio run's dispatch "
           f"{costs['op_overhead_s'] * 1e6:.1f} us/op, faulting memory in again "
           f"{costs['refault_s_per_byte'] * 1e9:.3f} ns/byte, {costs['transfer_cost_s'] * 1e6:.0f} us per transfer "
           "(runtime.calibrate); plans made at these", flush=True)
-    return ["--ssd-write-bw", f"{bw_w / 1e9:.3f}", "--ssd-read-bw", f"{bw_r / 1e9:.3f}",
+    return ["--ssd-write-bw", f"{plan_w / 1e9:.3f}", "--ssd-read-bw", f"{plan_r / 1e9:.3f}",
             "--copy-cost", f"{costs['copy_cost_s_per_byte'] * 1e9:.4f}",
             "--op-overhead", f"{costs['op_overhead_s'] * 1e6:.3f}",
             "--refault-cost", f"{costs['refault_s_per_byte'] * 1e9:.4f}",
-            "--transfer-cost", f"{costs['transfer_cost_s'] * 1e6:.3f}"]
+            "--transfer-cost", f"{costs['transfer_cost_s'] * 1e6:.3f}",
+            "--transfer-latency", f"{costs['transfer_latency_s'] * 1e6:.3f}"]
 
 
 def _profile(work: Path, name: str, ex: list[str]) -> tuple[Path, int, int]:

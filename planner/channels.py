@@ -40,7 +40,10 @@ _TOL_BYTES = 0.5  # sums of float capacities: a transfer within half a byte fits
 class Channel:
     """Free capacity (bytes) of one channel per slot of the two-iteration unrolled axis."""
 
-    def __init__(self, slot_bytes: np.ndarray) -> None:
+    def __init__(self, slot_bytes: np.ndarray, latency_bytes: float = 0.0) -> None:
+        # each transfer holds the channel this many bytes' time more (NOTE [ Transfer latency ] in
+        # planner.simulate): every query and reservation below counts its size with it
+        self.latency_bytes = latency_bytes
         self.n = n = len(slot_bytes)
         self.size = size = 2 * n
         self.block = b = 1 << max(4, round(math.log2(math.sqrt(size + 1) / 4)))
@@ -111,23 +114,26 @@ class Channel:
     # ---- queries and reservations -------------------------------------------------------
     def earliest_end(self, start: np.ndarray, size_bytes: np.ndarray | float) -> np.ndarray:
         """The slot in which a transfer starting at slot ``start`` completes; ``2n`` if never."""
-        return np.maximum(self._last_below(self.prefix(start) + size_bytes - _TOL_BYTES, inclusive=False), 0)
+        need = size_bytes + self.latency_bytes
+        return np.maximum(self._last_below(self.prefix(start) + need - _TOL_BYTES, inclusive=False), 0)
 
     def latest_start(self, end: np.ndarray, size_bytes: np.ndarray | float) -> np.ndarray:
         """The latest slot a transfer can start in and still be done before slot ``end``; -1 if none."""
-        return self._last_below(self.prefix(end) - size_bytes + _TOL_BYTES, inclusive=True)
+        return self._last_below(self.prefix(end) - (size_bytes + self.latency_bytes) + _TOL_BYTES, inclusive=True)
 
     # One transfer at a time (the greedy's re-checks and reservations): the same answers as
     # ``earliest_end`` and ``latest_start``, without the array temporaries of a batch.
     def earliest_end_one(self, start: int, size_bytes: float) -> int:
-        return max(self._last_below_one(self._prefix_one(start) + size_bytes - _TOL_BYTES, inclusive=False), 0)
+        need = size_bytes + self.latency_bytes
+        return max(self._last_below_one(self._prefix_one(start) + need - _TOL_BYTES, inclusive=False), 0)
 
     def latest_start_one(self, end: int, size_bytes: float) -> int:
-        return self._last_below_one(self._prefix_one(end) - size_bytes + _TOL_BYTES, inclusive=True)
+        return self._last_below_one(self._prefix_one(end) - (size_bytes + self.latency_bytes) + _TOL_BYTES,
+                                    inclusive=True)
 
     def latest_start_alone(self, end: int, size_bytes: float) -> int:
         """Like ``latest_start`` if the channel carried nothing else; -1 if none."""
-        target = self._raw_prefix[end] - size_bytes + _TOL_BYTES
+        target = self._raw_prefix[end] - (size_bytes + self.latency_bytes) + _TOL_BYTES
         return int(np.searchsorted(self._raw_prefix, target, side="right")) - 1
 
     def reserve(self, start: int, size_bytes: float) -> int:
@@ -139,6 +145,7 @@ class Channel:
         fill that needs more than that runs out.
         """
         n, free = self.n, self.free
+        size_bytes += self.latency_bytes
         before = self._prefix_one(start)
         end = max(self._last_below_one(before + size_bytes - _TOL_BYTES, inclusive=False), 0)  # earliest_end_one
         stop = min(start + n, self.size)

@@ -179,9 +179,8 @@ class _Planner:
         self.tau = problem.duration_us
         self.excess = Excess(self.tau, np.maximum(problem.memory_bytes - hw.gpu_mem_bytes, 0).astype(np.float64))
         slot_s = problem.duration_us * 1e-6
-        self.channels = {
-            name: Channel(bw * slot_s) for name, bw in hw.channel_bw().items()
-        }
+        latency = hw.latency_bytes()
+        self.channels = {name: Channel(bw * slot_s, latency[name]) for name, bw in hw.channel_bw().items()}
         self.host_used = np.zeros(n, np.float64)
         self.selected = np.zeros(problem.num_periods, bool)
         self.moves: list[Move] = []

@@ -18,12 +18,14 @@ DEFAULT_CPU_ADAM_PARAMS_PER_S = 100e9 / 28
 
 
 class ComputeCosts(TypedDict):
-    """``Hardware``'s costs of the compute, as the simulator takes them (keyword arguments)."""
+    """``Hardware``'s costs of the compute and its transfers' latency, as the simulator takes them
+    (keyword arguments)."""
 
     copy_cost_s_per_byte: float
     op_overhead_s: float
     refault_s_per_byte: float
     transfer_cost_s: float
+    transfer_latency_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +59,9 @@ class Hardware:
     transfer_cost_s: float = 0.0
     """Compute time each transfer (out or back) takes beyond its bytes' copy cost, seconds: the
     runtime's own work for it (NOTE [ Copies on the compute ]); 0 on a GPU, measured on a CPU."""
+    transfer_latency_s: float = 0.0
+    """Channel time each transfer takes before its bytes move, seconds (NOTE [ Transfer latency ] in
+    ``planner.simulate``): 0 on a GPU, measured on a CPU."""
 
     def __post_init__(self) -> None:
         if self.gpu_mem_bytes <= 0:
@@ -68,7 +73,8 @@ class Hardware:
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
                 raise ValueError(f"{name} must be a positive finite number, not {value}")
-        for name in ("copy_cost_s_per_byte", "op_overhead_s", "refault_s_per_byte", "transfer_cost_s"):
+        for name in ("copy_cost_s_per_byte", "op_overhead_s", "refault_s_per_byte", "transfer_cost_s",
+                     "transfer_latency_s"):
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value}")
@@ -76,7 +82,12 @@ class Hardware:
     def compute_costs(self) -> ComputeCosts:
         """The costs of the compute, as ``planner.simulate.simulate`` takes them."""
         return {"copy_cost_s_per_byte": self.copy_cost_s_per_byte, "op_overhead_s": self.op_overhead_s,
-                "refault_s_per_byte": self.refault_s_per_byte, "transfer_cost_s": self.transfer_cost_s}
+                "refault_s_per_byte": self.refault_s_per_byte, "transfer_cost_s": self.transfer_cost_s,
+                "transfer_latency_s": self.transfer_latency_s}
+
+    def latency_bytes(self) -> dict[str, float]:
+        """Per channel, the bytes it could have moved in a transfer's latency."""
+        return {c: self.transfer_latency_s * bw for c, bw in self.channel_bw().items()}
 
     def channel_bw(self) -> dict[str, float]:
         """Bytes per second of each channel, by the names the simulator uses."""

@@ -36,7 +36,7 @@ class RankPlan:
 def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
                    capacity_bytes: float, max_rounds: int = 4, *, copy_cost_s_per_byte: float = 0.0,
                    op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
-                   transfer_cost_s: float = 0.0) -> RankPlan:
+                   transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0) -> RankPlan:
     """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
 
     Marking only adds urgency. Urgent transfers are served first, which can make
@@ -48,13 +48,15 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
     false), an op in it can wait on a transfer that is not urgent, and the
     runtime serves that one first once an op waits on it.
     ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte``, ``transfer_cost_s``:
-    NOTE [ Copies on the compute ] in ``planner.simulate``.
+    NOTE [ Copies on the compute ] in ``planner.simulate``; ``transfer_latency_s``: NOTE [ Transfer
+    latency ] there.
     """
 
     def sim_of(moves: tuple[Move, ...]) -> SimResult:
         return simulate(problem, moves, bw_bytes_per_s, capacity_bytes,
                         copy_cost_s_per_byte=copy_cost_s_per_byte, op_overhead_s=op_overhead_s,
-                        refault_s_per_byte=refault_s_per_byte, transfer_cost_s=transfer_cost_s)
+                        refault_s_per_byte=refault_s_per_byte, transfer_cost_s=transfer_cost_s,
+                        transfer_latency_s=transfer_latency_s)
 
     current = tuple(moves)
     sim = sim_of(current)
@@ -221,6 +223,7 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
         "op_overhead_s": hw.op_overhead_s,
         "refault_s_per_byte": hw.refault_s_per_byte,
         "transfer_cost_s": hw.transfer_cost_s,
+        "transfer_latency_s": hw.transfer_latency_s,
         **(extra_parameters or {}),
     }
     return Plan(

@@ -70,6 +70,16 @@ FREE_BW = 1e30  # bytes/s
 # added to its first op. All four are 0 for a GPU, where the prediction is the
 # profiled ops and the stalls alone.
 
+# NOTE [ Transfer latency ]: a transfer holds its channel for ``transfer_latency_s``
+# before its first byte moves (the runtime's worker picking it up, a swap file opened
+# and closed, the syscalls a small tensor cannot spread), then for its bytes at the
+# channel's bandwidth; the latency is the channel's time, not the compute's (that is
+# ``transfer_cost_s``) and moves no bytes, so it is neither counted in
+# ``bytes_moved`` nor charged as copies. The greedy reserves the same time
+# (``planner.greedy``). On this 2-core VM the posix backend, beside a training
+# loop, moved 4 MiB tensors at 1.0 GB/s out and 64 KiB ones at 0.09 GB/s: about
+# 0.4 ms a transfer that bandwidth does not explain (``runtime.calibrate``
+# measures it). 0 for a GPU profile, where a transfer's latency is microseconds.
 _CHANNELS = ("ssd_write", "ssd_read", "host_write", "host_read")
 _TOL = 1e-6  # bytes
 # Per-instance state of a move.
@@ -133,7 +143,7 @@ class _Sim:
     def __init__(self, problem: PlanProblem, moves: Sequence[Move], bw: dict[str, float],
                  capacity_bytes: float, num_iterations: int, copy_cost_s_per_byte: float = 0.0,
                  op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
-                 transfer_cost_s: float = 0.0) -> None:
+                 transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0) -> None:
         self.p = problem
         self.moves = moves
         self.cap = capacity_bytes
@@ -142,6 +152,8 @@ class _Sim:
         nm = len(moves)
         self.nm = nm
         self.bw_us = {c: bw[c] * 1e-6 for c in _CHANNELS}  # bytes per us
+        # NOTE [ Transfer latency ]: each transfer first holds its channel this many bytes' time
+        self.lat_bytes = {c: transfer_latency_s * bw[c] if bw[c] < FREE_BW else 0.0 for c in _CHANNELS}
         self.heaps: dict[str, list[tuple[tuple[int, int], int]]] = {c: [] for c in _CHANNELS}
         # Per transfer: id = (instance * nm + move) * 2 + (0 offload | 1 prefetch).
         total = num_iterations * nm * 2
@@ -183,29 +195,31 @@ class _Sim:
             if not heap:
                 continue
             bw, budget, t = self.bw_us[c], dt * self.bw_us[c], self.now
-            used = 0.0
+            used = real = 0.0  # channel bytes, and of them the tensors' (not a latency's)
             while heap and budget > _TOL:
                 tid = heap[0][1]
                 r = self.remaining[tid]
                 if r <= 0.0:  # dropped while queued
                     heapq.heappop(heap)
                     continue
+                latency = max(r - self.size[(tid // 2) % self.nm], 0.0)  # served first
+                take = min(r, budget)
+                used += take
+                real += max(take - latency, 0.0)
                 if r <= budget + _TOL:
                     heapq.heappop(heap)
                     budget -= r
-                    used += r
                     t += r / bw
                     self.remaining[tid] = 0.0
                     self._complete(tid, t)
                 else:
                     self.remaining[tid] = r - budget
-                    used += budget
                     budget = 0.0
             if self.measuring:
-                self.moved[c] += used
+                self.moved[c] += real
                 self.busy[c] += used / bw
             if self.computing and bw < FREE_BW * 1e-6:  # bw in bytes/us
-                self.debt_us += used * self.copy_us_per_byte
+                self.debt_us += real * self.copy_us_per_byte
         self.now += dt
 
     def _compute(self, duration_us: float) -> None:
@@ -250,7 +264,7 @@ class _Sim:
         m = inst % self.nm
         tid = inst * 2
         self.state[inst] = _OFFLOADING
-        self.remaining[tid] = self.size[m]
+        self.remaining[tid] = self.size[m] + self.lat_bytes[self.write_ch[m]]
         self.t_start[tid] = self.now
         heapq.heappush(self.heaps[self.write_ch[m]], (self.key_off[m], tid))
         self._started(self.write_ch[m])
@@ -277,7 +291,7 @@ class _Sim:
         tid = inst * 2 + 1
         self.state[inst] = _FETCHING
         self.offloaded -= self.size[m]
-        self.remaining[tid] = self.size[m]
+        self.remaining[tid] = self.size[m] + self.lat_bytes[self.read_ch[m]]
         self.t_start[tid] = self.now
         heapq.heappush(self.heaps[self.read_ch[m]], (self.key_pre[m], tid))
         self._started(self.read_ch[m])
@@ -404,19 +418,20 @@ class _Sim:
 def simulate(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
              capacity_bytes: float, num_iterations: int = 2, *, copy_cost_s_per_byte: float = 0.0,
              op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
-             transfer_cost_s: float = 0.0) -> SimResult:
+             transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0) -> SimResult:
     """Simulate ``moves`` on ``problem``'s ops; see the module docstring for the model.
 
     ``bw_bytes_per_s`` has the channels ``ssd_write, ssd_read, host_write,
     host_read``; ``capacity_bytes`` may be ``inf`` (nothing waits for memory).
     ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte`` and
     ``transfer_cost_s``: NOTE [ Copies on the compute ] (``Hardware``'s fields of those names;
-    0 for a GPU).
+    0 for a GPU). ``transfer_latency_s``: NOTE [ Transfer latency ].
     """
     if num_iterations < 1:
         raise ValueError("num_iterations must be at least 1")
-    if min(copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte, transfer_cost_s) < 0:
-        raise ValueError("copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte and transfer_cost_s "
-                         "must be >= 0")
+    if min(copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte, transfer_cost_s, transfer_latency_s) < 0:
+        raise ValueError("copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte, transfer_cost_s and "
+                         "transfer_latency_s must be >= 0")
     return _Sim(problem, moves, bw_bytes_per_s, capacity_bytes, num_iterations,
-                copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte, transfer_cost_s).run()
+                copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte, transfer_cost_s,
+                transfer_latency_s).run()

@@ -34,9 +34,19 @@ runtime itself adds):
   workers' Python beside it, the swap file made and removed). The same steps
   with every idle stretch of every tensor moved out and back through the
   posix backend, against the plan that moves nothing; the extra time, less
-  the copy cost of the bytes, over the transfers. Median of ``rounds``, each
-  the median of a dozen steps. (280-310 us here, where the
-  per-byte figure makes a 4 KiB tensor's transfer 1.5 us.)
+  the time the steps waited for transfers and the copy cost of the bytes,
+  over the transfers. Median of ``rounds``, each the median of a dozen steps.
+  (MEASURED here, where the per-byte figure makes a 4 KiB tensor's transfer
+  1.5 us.)
+
+- ``transfer_latency_s``: the time each transfer holds its channel beyond
+  its bytes (NOTE [ Transfer latency ] in ``planner.simulate``), and
+  ``posix_write_bw_bytes_per_s``, ``posix_read_bw_bytes_per_s``: the rate
+  of the bytes themselves. Beside the same loop of matrix products, the
+  engine moves 32 tensors of 4 MiB out and back, then 256 of 64 KiB, through
+  the posix backend; each direction's time per transfer is ``latency +
+  bytes / bandwidth``, and the two sizes give both. Medians of ``rounds``.
+  (MEASURED here.)
 
 All are measured, never assumed; ``python -m runtime.calibrate`` prints them,
 and ``runtime.cpu_costs`` keeps them per machine for ``teraio plan``.
@@ -61,7 +71,7 @@ from runtime.engine import Job, MigrationEngine
 from runtime.storage import byte_view, free_storage, realloc_storage
 
 __all__ = ["measure_copy_cost", "measure_cpu_costs", "measure_op_overhead", "measure_refault",
-           "measure_transfer_cost"]
+           "measure_channel", "measure_transfer_cost"]
 
 
 class _Compute:
@@ -122,6 +132,62 @@ def _copies_beside(compute: _Compute, backend: PosixBackend, total_bytes: int, t
     finally:
         engine.close()
     return lost
+
+
+def _one_way_s(compute: _Compute, backend: PosixBackend, tensor_bytes: int, count: int) -> tuple[float, float]:
+    """Wall seconds for ``count`` tensors of ``tensor_bytes`` to go out through the engine, then to
+    come back, the compute loop running beside them as training would."""
+    engine = MigrationEngine(2)
+    storages = [torch.empty(tensor_bytes, dtype=torch.uint8).fill_(i % 251).untyped_storage()
+                for i in range(count)]
+    took = []
+    try:
+        for direction in ("write", "read"):
+            t0 = time.perf_counter()
+            for key, storage in enumerate(storages):
+                view = byte_view(storage)
+                work = ((lambda key=key, view=view: backend.write(key, view)) if direction == "write"
+                        else (lambda key=key, view=view: backend.read(key, view)))
+                engine.submit(Job(key, direction, tensor_bytes, work))
+            done = 0
+            while done < count:
+                while engine.completed:
+                    job = engine.completed.popleft()
+                    if job.error is not None:
+                        raise job.error
+                    if direction == "write":
+                        free_storage(storages[job.tensor_id])
+                    done += 1
+                compute.step()
+            took.append(time.perf_counter() - t0)
+            if direction == "write":
+                for storage in storages:
+                    realloc_storage(storage, tensor_bytes)
+    finally:
+        engine.close()
+    return took[0], took[1]
+
+
+def measure_channel(swap_dir: str | Path | None = None, rounds: int = 3) -> tuple[float, float, float]:
+    """Seconds each transfer holds its channel beyond its bytes, and the bandwidth of the bytes out
+    and back (bytes per second); see the module docstring."""
+    compute = _Compute()
+    compute.alone(0.1)  # warm up
+    big, small = 4 << 20, 64 << 10
+    latencies: list[float] = []
+    per_byte: tuple[list[float], list[float]] = ([], [])
+    with tempfile.TemporaryDirectory(prefix="teraio-calibrate-", dir=swap_dir) as d:
+        backend = PosixBackend(d)
+        try:
+            for _ in range(rounds):
+                t_big = [t / 32 for t in _one_way_s(compute, backend, big, 32)]
+                t_small = [t / 256 for t in _one_way_s(compute, backend, small, 256)]
+                for way, tb, ts in zip(per_byte, t_big, t_small, strict=True):  # t = latency + bytes / bw
+                    way.append(max(tb - ts, 1e-12) / (big - small))
+                    latencies.append(max(ts - small * way[-1], 0.0))
+        finally:
+            backend.close()
+    return (statistics.median(latencies), 1 / statistics.median(per_byte[0]), 1 / statistics.median(per_byte[1]))
 
 
 def measure_copy_cost(swap_dir: str | Path | None = None, total_bytes: int = 128 << 20,
@@ -190,7 +256,9 @@ class _SmallPlans:
         moves = []
         columns = (periods[c].tolist() for c in ("tensor_id", "size_bytes", "start_op", "end_op"))
         for tid, size, start, end in zip(*columns, strict=True):
-            for action, trigger, deadline in (("offload", start + 1, start + 2), ("prefetch", end - 1, end)):
+            # the prefetch starts half way through the stretch, so that the steps seldom wait for it
+            fetch = max(start + 2, (start + end) // 2)
+            for action, trigger, deadline in (("offload", start + 1, start + 2), ("prefetch", fetch, end)):
                 moves.append(Migration(tensor_id=tid, size_bytes=size, action=action, place="ssd",
                                        trigger_op=trigger, deadline_op=deadline, start_us=None, end_us=None,
                                        urgent=False, priority=0, wraps=False, period_start_op=start,
@@ -204,16 +272,18 @@ class _SmallPlans:
 
 
 def _step_s(plan: Plan | None, swap_dir: str, steps: int) -> float:
-    """The median step of ``_train_small`` under ``plan`` (None: plainly), iterations 2 on."""
+    """The median step of ``_train_small`` under ``plan`` (None: plainly), iterations 2 on, less
+    the time it waited for transfers (the simulator counts those waits apart, from bandwidth)."""
     from runtime.api import offload
 
     times: list[float] = []
     if plan is None:
         _train_small(steps, times)
-    else:
-        with offload(plan, swap_dir=swap_dir, backend="posix", rank=0):
-            _train_small(steps, times)
-    return statistics.median(times[2:])  # iterations 0 and 1 warm up
+        return statistics.median(times[2:])  # iterations 0 and 1 warm up
+    with offload(plan, swap_dir=swap_dir, backend="posix", rank=0) as ex:
+        _train_small(steps, times)
+    stalls = ex.stats.iteration_stall_s
+    return statistics.median(t - w for t, w in zip(times[2:], stalls[2:], strict=False))
 
 
 def measure_op_overhead(swap_dir: str | Path | None = None, steps: int = 12, rounds: int = 3) -> float:
@@ -228,7 +298,7 @@ def measure_op_overhead(swap_dir: str | Path | None = None, steps: int = 12, rou
 
 
 def measure_transfer_cost(swap_dir: str | Path | None = None, copy_cost_s_per_byte: float = 0.0,
-                          steps: int = 12, rounds: int = 3) -> float:
+                          steps: int = 20, rounds: int = 5) -> float:
     """Compute seconds each transfer (out or back) takes beyond its bytes' copy cost; see the
     module docstring."""
     plans = _SmallPlans.make()
@@ -261,11 +331,13 @@ def measure_refault(total_bytes: int = 128 << 20, rounds: int = 5) -> float:
 
 
 def measure_cpu_costs(swap_dir: str | Path | None = None) -> CpuCosts:
-    """All four figures; 10-15 s."""
+    """All the figures; 10-20 s."""
     copy_cost = measure_copy_cost(swap_dir)
+    latency, write_bw, read_bw = measure_channel(swap_dir)
     return CpuCosts(copy_cost_s_per_byte=copy_cost, op_overhead_s=measure_op_overhead(swap_dir),
                     refault_s_per_byte=measure_refault(),
-                    transfer_cost_s=measure_transfer_cost(swap_dir, copy_cost))
+                    transfer_cost_s=measure_transfer_cost(swap_dir, copy_cost), transfer_latency_s=latency,
+                    posix_write_bw_bytes_per_s=write_bw, posix_read_bw_bytes_per_s=read_bw)
 
 
 def main() -> None:
@@ -281,7 +353,10 @@ def main() -> None:
     else:
         print(f"copy cost {costs.copy_cost_s_per_byte * 1e9:.3f} ns per byte moved; op overhead "
               f"{costs.op_overhead_s * 1e6:.2f} us per op; refault {costs.refault_s_per_byte * 1e9:.3f} ns per byte; "
-              f"{costs.transfer_cost_s * 1e6:.1f} us per transfer")
+              f"{costs.transfer_cost_s * 1e6:.1f} us per transfer, which holds its channel "
+              f"{costs.transfer_latency_s * 1e6:.1f} us more; the posix backend moves "
+              f"{costs.posix_write_bw_bytes_per_s / 1e9:.2f} GB/s out and {costs.posix_read_bw_bytes_per_s / 1e9:.2f} "
+              "GB/s back beside training")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The figures of what moving tensors costs the training on this CPU, kept per machine.
 
-``runtime.calibrate`` measures them (10-15 s); ``cached_cpu_costs`` measures
+``runtime.calibrate`` measures them (10-20 s); ``cached_cpu_costs`` measures
 them once per machine, swap file system and torch version, and keeps them for
 a week (``$XDG_CACHE_HOME/teraio/cpu-costs.json``), so that every
 ``teraio plan`` of a CPU profile need not. Reading them imports no torch
@@ -33,10 +33,16 @@ class CpuCosts:
     """Time to fault memory in again after the boundary's trim, per byte."""
     transfer_cost_s: float
     """Compute time each transfer takes beyond its bytes' copy cost."""
+    transfer_latency_s: float
+    """Channel time each transfer takes beyond its bytes."""
+    posix_write_bw_bytes_per_s: float
+    """The posix backend's rate out beside training, beyond each transfer's latency."""
+    posix_read_bw_bytes_per_s: float
+    """Its rate back."""
 
 
 CACHE_DAYS = 7
-METHOD = 4  # of ``runtime.calibrate``: figures measured another way are measured again
+METHOD = 5  # of ``runtime.calibrate``: figures measured another way are measured again
 
 
 def _torch_version() -> str:

@@ -93,7 +93,7 @@ def _relative_budget(text: str, problems: list[Any]) -> int:
 
 
 def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refault_cost: str,
-                           transfer_cost: str = "auto",
+                           transfer_cost: str = "auto", transfer_latency: str = "auto",
                            swap_dir: Path | None = None) -> tuple[dict[str, float], str | None]:
     """``Hardware``'s costs of the compute (NOTE [ Copies on the compute ] in ``planner.simulate``)
     from the command-line strings, and how they were had (None: given, or 0).
@@ -106,6 +106,7 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
         "op_overhead_s": ("--op-overhead", op_overhead, 1e-6),
         "refault_s_per_byte": ("--refault-cost", refault_cost, 1e-9),
         "transfer_cost_s": ("--transfer-cost", transfer_cost, 1e-6),
+        "transfer_latency_s": ("--transfer-latency", transfer_latency, 1e-6),
     }
     costs: dict[str, float] = {}
     for field, (option, text, unit) in options.items():
@@ -124,7 +125,8 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
 
     measured, how = cached_cpu_costs(swap_dir, measuring=lambda: info(
         "measuring what moving tensors costs the compute on this machine, once (the profile ran on the "
-        "CPU; --copy-cost, --op-overhead, --refault-cost and --transfer-cost give the figures instead)"))
+        "CPU; --copy-cost, --op-overhead, --refault-cost, --transfer-cost and --transfer-latency give the "
+        "figures instead)"))
     return {field: costs.get(field, getattr(measured, field)) for field in options}, how
 
 
@@ -279,7 +281,7 @@ def plan(
              "16 more plans; see `teraio roofline` for the whole curve).")] = False,
     copy_cost: Annotated[str, typer.Option(
         help="Compute time each byte moved takes from the training, in nanoseconds per byte: on a CPU the "
-             "cores that train also copy. auto: measured on this machine (10-15 s, then kept a week in "
+             "cores that train also copy. auto: measured on this machine (10-20 s, then kept a week in "
              "~/.cache/teraio/cpu-costs.json; plan on the machine that trains) for a profile taken on the "
              "CPU, 0 for any other (a GPU copies beside the compute).")] = "auto",
     op_overhead: Annotated[str, typer.Option(
@@ -295,6 +297,11 @@ def plan(
              "cost, in microseconds: its own work for the transfer, which makes moving a small tensor "
              "cost far more than its bytes. auto: measured on this machine for a profile taken on the "
              "CPU, 0 for any other.")] = "auto",
+    transfer_latency: Annotated[str, typer.Option(
+        help="Time each transfer holds its channel before its bytes move, in microseconds (a worker "
+             "picking it up, a swap file opened and closed): with the bandwidth, what a transfer of a "
+             "small tensor takes. auto: measured on this machine for a profile taken on the CPU, 0 for "
+             "any other.")] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Plan which tensors go to SSD or host memory and when, and predict the cost.
@@ -323,11 +330,13 @@ def plan(
     elif gpu_mem is not None and gpu_mem.strip().endswith("%"):
         info(f"--gpu-mem {gpu_mem.strip()}: planning for {hw.gpu_mem_bytes:,} bytes ({_mib(hw.gpu_mem_bytes)}) "
              "of the profiled peak")
-    costs, how = cpu_costs_from_options(prof, copy_cost, op_overhead, refault_cost, transfer_cost)
+    costs, how = cpu_costs_from_options(prof, copy_cost, op_overhead, refault_cost, transfer_cost,
+                                        transfer_latency)
     hw = replace(hw, **costs)
     if how is not None:
         info(f"copies cost the compute {hw.copy_cost_s_per_byte * 1e9:.3f} ns per byte moved, the runtime "
-             f"{hw.op_overhead_s * 1e6:.1f} us per op and {hw.transfer_cost_s * 1e6:.0f} us per transfer, "
+             f"{hw.op_overhead_s * 1e6:.1f} us per op and {hw.transfer_cost_s * 1e6:.0f} us per transfer "
+             f"(which holds its channel {hw.transfer_latency_s * 1e6:.0f} us more), "
              f"faulting memory in again {hw.refault_s_per_byte * 1e9:.3f} ns per byte ({how}; NOTE [ Copies "
              "on the compute ] in planner/simulate.py)")
     rank_plans = {}

@@ -219,4 +219,5 @@ def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
         assert params["op_overhead_s"] == pytest.approx(20e-6)  # given, not measured
         assert params["copy_cost_s_per_byte"] >= 0 and params["refault_s_per_byte"] >= 0
         assert params["transfer_cost_s"] > 0  # hundreds of us here: never lost in the noise
+        assert params["transfer_latency_s"] > 0
     assert plans[0]["copy_cost_s_per_byte"] == plans[1]["copy_cost_s_per_byte"]

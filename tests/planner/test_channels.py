@@ -46,3 +46,13 @@ def test_channel_matches_brute_force(slots: list[int], reservations: list[tuple[
         ch.reserve(start, size)
         assert np.allclose(ch.free, free)
         assert min(ch.free) >= -1e-6  # never more than the channel carries
+
+
+def test_a_latency_counts_with_every_transfer_s_bytes() -> None:
+    """NOTE [ Transfer latency ]: 100 bytes fit one slot of 100, not with 50 bytes' latency."""
+    plain, slow = Channel(np.full(4, 100.0)), Channel(np.full(4, 100.0), latency_bytes=50.0)
+    assert plain.earliest_end_one(0, 100.0) == 0 and slow.earliest_end_one(0, 100.0) == 1
+    assert int(slow.earliest_end(np.array([0]), 100.0)[0]) == 1
+    assert plain.latest_start_one(4, 100.0) == 3 and slow.latest_start_one(4, 100.0) == 2
+    assert int(slow.latest_start(np.array([4]), 100.0)[0]) == 2 and slow.latest_start_alone(4, 100.0) == 2
+    assert slow.reserve(0, 100.0) == 1 and slow.free[:2].tolist() == [0.0, 50.0]

@@ -209,3 +209,18 @@ def test_a_transfer_cost_moves_fewer_and_larger_tensors(gpt_profile: Path) -> No
     blind_costed = simulate(problem, blind_plan.moves, told.channel_bw(), told.gpu_mem_bytes, **told.compute_costs())
     assert told_plan.sim.iteration_us < blind_costed.iteration_us
     assert_simulates_its_moves(told_plan, told)
+
+
+def test_a_transfer_latency_holds_the_channel_but_moves_and_costs_no_bytes() -> None:
+    # At 2e9 B/s the 1 MB takes 500 us, after 300 us of latency: the offload (op 1, t = 1,000)
+    # holds its channel until 1,800, the prefetch (op 2, t = 2,000) until 2,800.
+    bw = dict.fromkeys(BW, 2e9)
+    sim = simulate(four_ops(), [move(2)], bw, float("inf"), transfer_latency_s=3e-4)
+    assert sim.offload_us[0].tolist() == pytest.approx([1000.0, 1800.0])
+    assert sim.prefetch_us[0].tolist() == pytest.approx([2000.0, 2800.0])
+    assert sim.bytes_moved["ssd_write"] == pytest.approx(1e6) and sim.busy_us["ssd_write"] == pytest.approx(800.0)
+    # Copies cost the compute by their bytes only: at 1e-10 s a byte, 100 us each way.
+    charged = simulate(four_ops(), [move(2)], bw, float("inf"), transfer_latency_s=3e-4, copy_cost_s_per_byte=1e-10)
+    assert charged.copy_charge_us == pytest.approx(200.0)
+    with pytest.raises(ValueError, match="transfer_latency_s"):
+        simulate(four_ops(), [], BW, float("inf"), transfer_latency_s=-1.0)
