@@ -16,6 +16,15 @@ SMALL_GPT = ["--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "32", "
              "--vocab", "128"]
 
 
+def pytorch_teardown_abort(returncode: int, stderr: str) -> bool:
+    """Whether a torchrun run without teraio died in PyTorch's own teardown: a gloo worker thread
+    left joinable at exit aborts the process ("terminate called without an active exception",
+    SIGABRT; the kind of crash pytorch/pytorch#179291 is about). Seen in 2 of about 30 runs of the
+    suite here, both in plain FSDP2 runs under load. Tests run such a plain run once more, never a
+    run under teraio, whose failures are ours to see."""
+    return returncode != 0 and "terminate called without an active exception" in stderr
+
+
 def run_teraio(*args: str | os.PathLike[str], cwd: Path | None = None, timeout: float = 300,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `python -m teraio ARGS` and capture its output (``env``: more environment)."""
