@@ -70,7 +70,7 @@ from planner.bound import phase_windows
 from planner.greedy import Move
 from planner.hardware import Hardware
 from planner.make import RankPlan, settle_urgency
-from planner.problem import PlanProblem, problem_from_profile
+from planner.problem import PlanProblem, median_durations_us, problem_from_profile
 from planner.simulate import FREE_BW, simulate
 from profiles import Profile
 
@@ -246,6 +246,7 @@ def _zero(profile: Profile, hw: Hardware, rank: int, stage: int) -> tuple[PlanPr
     """The ZeRO problem of ``stage`` (2: ZeRO-Offload, 3: ZeRO-Infinity) and its placement."""
     first = profile.kernels_of(rank)["iteration"].iloc[0] if len(profile.kernels) else 0
     kernels = profile.kernels_of(rank, first).copy()
+    kernels["duration_us"] = median_durations_us(profile, rank, kernels)  # the planner's op times
     tensors = profile.tensors_of(rank).copy()
     accesses = profile.accesses_of(rank, first).copy()
     kind_of = tensors.set_index("tensor_id")["kind"]

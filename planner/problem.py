@@ -33,8 +33,8 @@ import pandas as pd
 from planner.errors import InfeasibleBudgetError
 from profiles import Profile, active_bytes, inactive_periods, made_bytes, memory_curve
 
-__all__ = ["PlanProblem", "check_capacity", "cyclic_add", "first_problem", "problem_from_profile",
-           "resident_need_bytes"]
+__all__ = ["PlanProblem", "check_capacity", "cyclic_add", "first_problem", "median_durations_us",
+           "problem_from_profile", "resident_need_bytes"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,7 +83,7 @@ class PlanProblem:
         return float(self.duration_us.sum())
 
 
-def _durations_us(profile: Profile, rank: int, kernels: pd.DataFrame) -> np.ndarray:
+def median_durations_us(profile: Profile, rank: int, kernels: pd.DataFrame) -> np.ndarray:
     """(num_ops,) float64: each op's median time over the recorded iterations whose ops are those of
     ``kernels`` (the kept ones are: docs/formats.md): one iteration's times on a shared CPU were 6%
     apart from the next's here, and the plan's prediction stands on their sum."""
@@ -98,7 +98,7 @@ def _durations_us(profile: Profile, rank: int, kernels: pd.DataFrame) -> np.ndar
 
 def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None = None) -> PlanProblem:
     """The arrays of one rank's (first recorded, by default) iteration of ``profile``; by default its
-    op times are the median over the recorded iterations (``_durations_us``)."""
+    op times are the median over the recorded iterations (``median_durations_us``)."""
     kernels = profile.kernels_of(rank, iteration)
     periods = inactive_periods(profile, rank, iteration)
     tensors = profile.tensors_of(rank)
@@ -115,7 +115,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
         signature=str(profile.meta.get("signature", "")),
         op_names=tuple(kernels["op_name"].astype(str)),
         duration_us=(kernels["duration_us"].to_numpy(np.float64).copy() if iteration is not None
-                     else _durations_us(profile, rank, kernels)),
+                     else median_durations_us(profile, rank, kernels)),
         memory_bytes=memory_curve(profile, rank, iteration).astype(np.int64),
         active_bytes=active_bytes(profile, rank, iteration).astype(np.int64),
         made_bytes=made_bytes(profile, rank, iteration),

@@ -154,3 +154,22 @@ def test_a_baseline_that_does_not_fit_runs_as_its_users_make_it_fit(prof) -> Non
     rows = run_baselines(without_backward_modules(prof), problem, hw)
     assert "zero_infinity+ckpt" in rows
     assert any(k.startswith("activation_offload+") for k in rows)
+
+
+def test_zero_times_the_ops_as_the_planner_does() -> None:
+    """Both take each op's median over the recorded iterations (planner.problem), not the first's."""
+    import pandas as pd
+
+    prof = synthetic_profile(4, 6, 3, seed=1)
+    k, a = prof.kernels, prof.accesses
+    faster = [k.assign(iteration=k["iteration"] + i, duration_us=k["duration_us"] * 0.8) for i in (1, 2)]
+    again = [a.assign(iteration=a["iteration"] + i) for i in (1, 2)]
+    prof = replace(prof, kernels=pd.concat([k, *faster], ignore_index=True),
+                   accesses=pd.concat([a, *again], ignore_index=True))
+    problem = problem_from_profile(prof)
+    hw = Hardware(gpu_mem_bytes=int(problem.memory_bytes.max() * 0.6), ssd_read_bw_bytes_per_s=2e9,
+                  ssd_write_bw_bytes_per_s=2e9, host_mem_bytes=1 << 40)
+    zp, _ = zero_problem(prof, hw)
+    forward_backward = problem.phase != "optimizer"  # ZeRO times the optimizer step on the CPU
+    assert zp.duration_us[forward_backward] == pytest.approx(problem.duration_us[forward_backward])
+    assert problem.duration_us.sum() == pytest.approx(0.8 * k["duration_us"].sum())
