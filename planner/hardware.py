@@ -60,8 +60,8 @@ class Hardware:
     """Compute time each transfer (out or back) takes beyond its bytes' copy cost, seconds: the
     runtime's own work for it (NOTE [ Copies on the compute ]); 0 on a GPU, measured on a CPU."""
     transfer_latency_s: float = 0.0
-    """Channel time each transfer takes before its bytes move, seconds (NOTE [ Transfer latency ] in
-    ``planner.simulate``): 0 on a GPU, measured on a CPU."""
+    """SSD channel time each transfer to or from the SSD takes before its bytes move, seconds (NOTE [
+    Transfer latency ] in ``planner.simulate``): 0 on a GPU, measured on a CPU."""
 
     def __post_init__(self) -> None:
         if self.gpu_mem_bytes <= 0:
@@ -86,8 +86,9 @@ class Hardware:
                 "transfer_latency_s": self.transfer_latency_s}
 
     def latency_bytes(self) -> dict[str, float]:
-        """Per channel, the bytes it could have moved in a transfer's latency."""
-        return {c: self.transfer_latency_s * bw for c, bw in self.channel_bw().items()}
+        """Per channel, the bytes it could have moved in a transfer's latency (the SSD's channels:
+        NOTE [ Transfer latency ] in ``planner.simulate``)."""
+        return {c: self.transfer_latency_s * bw if c.startswith("ssd") else 0.0 for c, bw in self.channel_bw().items()}
 
     def channel_bw(self) -> dict[str, float]:
         """Bytes per second of each channel, by the names the simulator uses."""

@@ -113,7 +113,7 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
     to = {"ssd": 0, "host": 0}
     for mv in moves:
         to[mv.target] += mv.size_bytes
-    util = sim.utilisation(hw.channel_bw())
+    util = sim.utilisation()
     bound = iteration_bound(p, hw)
     return {
         "num_ops": p.num_ops,

@@ -70,16 +70,18 @@ FREE_BW = 1e30  # bytes/s
 # added to its first op. All four are 0 for a GPU, where the prediction is the
 # profiled ops and the stalls alone.
 
-# NOTE [ Transfer latency ]: a transfer holds its channel for ``transfer_latency_s``
-# before its first byte moves (the runtime's worker picking it up, a swap file opened
-# and closed, the syscalls a small tensor cannot spread), then for its bytes at the
-# channel's bandwidth; the latency is the channel's time, not the compute's (that is
-# ``transfer_cost_s``) and moves no bytes, so it is neither counted in
-# ``bytes_moved`` nor charged as copies. The greedy reserves the same time
-# (``planner.greedy``). On this 2-core VM the posix backend, beside a training
-# loop, moved 4 MiB tensors at 1.0 GB/s out and 64 KiB ones at 0.09 GB/s: about
-# 0.4 ms a transfer that bandwidth does not explain (``runtime.calibrate``
-# measures it). 0 for a GPU profile, where a transfer's latency is microseconds.
+# NOTE [ Transfer latency ]: a transfer to or from the SSD holds its channel for
+# ``transfer_latency_s`` before its first byte moves (the runtime's worker picking it
+# up, a swap file opened and closed, the syscalls a small tensor cannot spread), then
+# for its bytes at the channel's bandwidth; the latency is the channel's time, not the
+# compute's (that is ``transfer_cost_s``) and moves no bytes, so it is neither counted
+# in ``bytes_moved`` nor charged as copies (``busy_us`` holds it). The greedy reserves
+# the same time (``planner.greedy``). On this 2-core VM the posix backend, beside a
+# training loop, moved 4 MiB tensors at 1.0 GB/s out and 64 KiB ones at 0.09 GB/s:
+# 0.3-0.5 ms a transfer that bandwidth does not explain (``runtime.calibrate``
+# measures it). Host memory's channels have none: the host backend copies into a pool
+# with no file (75-120 us a transfer measured the same way, left out). 0 for a GPU
+# profile, where a transfer's latency is microseconds.
 _CHANNELS = ("ssd_write", "ssd_read", "host_write", "host_read")
 _TOL = 1e-6  # bytes
 # Per-instance state of a move.
@@ -100,7 +102,7 @@ class SimResult:
     resident_bytes: np.ndarray  # (num_ops,) int64: device bytes while each op runs
     host_peak_bytes: int
     bytes_moved: dict[str, float]  # per channel, during the iteration
-    busy_us: dict[str, float]  # per channel, time spent moving bytes during the iteration
+    busy_us: dict[str, float]  # per channel, time spent moving bytes (and in latency) during the iteration
     waited_offloads: frozenset[int] = field(default_factory=frozenset)  # move indices
     waited_prefetches: frozenset[int] = field(default_factory=frozenset)
     # (num_moves, 2) float64: start and end of each move's offload / prefetch in the iteration
@@ -133,10 +135,11 @@ class SimResult:
         ends = np.append(self.op_start_us[1:] - self.stall_us_before[1:], self.iteration_us)
         return ends - self.op_start_us if len(self.op_start_us) else np.zeros(0)
 
-    def utilisation(self, bw_bytes_per_s: dict[str, float]) -> dict[str, float]:
-        """Bytes moved over what each channel could move in the iteration."""
-        t = self.iteration_us * 1e-6
-        return {c: (self.bytes_moved[c] / (bw_bytes_per_s[c] * t) if t > 0 else 0.0) for c in _CHANNELS}
+    def utilisation(self) -> dict[str, float]:
+        """The share of the iteration each channel is busy: moving bytes, or in transfers' latency
+        (NOTE [ Transfer latency ]); with none, the bytes moved over what it could move."""
+        t = self.iteration_us
+        return {c: (self.busy_us[c] / t if t > 0 else 0.0) for c in _CHANNELS}
 
 
 class _Sim:
@@ -153,7 +156,8 @@ class _Sim:
         self.nm = nm
         self.bw_us = {c: bw[c] * 1e-6 for c in _CHANNELS}  # bytes per us
         # NOTE [ Transfer latency ]: each transfer first holds its channel this many bytes' time
-        self.lat_bytes = {c: transfer_latency_s * bw[c] if bw[c] < FREE_BW else 0.0 for c in _CHANNELS}
+        self.lat_bytes = {c: transfer_latency_s * bw[c] if c.startswith("ssd") and bw[c] < FREE_BW else 0.0
+                          for c in _CHANNELS}
         self.heaps: dict[str, list[tuple[tuple[int, int], int]]] = {c: [] for c in _CHANNELS}
         # Per transfer: id = (instance * nm + move) * 2 + (0 offload | 1 prefetch).
         total = num_iterations * nm * 2

@@ -36,8 +36,9 @@ runtime itself adds):
   posix backend, against the plan that moves nothing; the extra time, less
   the time the steps waited for transfers and the copy cost of the bytes,
   over the transfers. Median of ``rounds``, each the median of a dozen steps.
-  (MEASURED here, where the per-byte figure makes a 4 KiB tensor's transfer
-  1.5 us.)
+  (130-300 us here, where the per-byte figure makes a 4 KiB tensor's
+  transfer 1.5 us. Before the waits were subtracted it measured 280-330 us,
+  about 45% of it waiting.)
 
 - ``transfer_latency_s``: the time each transfer holds its channel beyond
   its bytes (NOTE [ Transfer latency ] in ``planner.simulate``), and
@@ -46,7 +47,9 @@ runtime itself adds):
   engine moves 32 tensors of 4 MiB out and back, then 256 of 64 KiB, through
   the posix backend; each direction's time per transfer is ``latency +
   bytes / bandwidth``, and the two sizes give both. Medians of ``rounds``.
-  (MEASURED here.)
+  (330-540 us here, and 1.0-1.4 GB/s out and 0.85-1.0 GB/s back, where the
+  disk's raw O_DIRECT rate was 1.8-2.5 and 1.1-2.1 GB/s.) A sample whose large
+  tensors were not slower than its small ones (noise) is left out.
 
 All are measured, never assumed; ``python -m runtime.calibrate`` prints them,
 and ``runtime.cpu_costs`` keeps them per machine for ``teraio plan``.
@@ -183,10 +186,14 @@ def measure_channel(swap_dir: str | Path | None = None, rounds: int = 3) -> tupl
                 t_big = [t / 32 for t in _one_way_s(compute, backend, big, 32)]
                 t_small = [t / 256 for t in _one_way_s(compute, backend, small, 256)]
                 for way, tb, ts in zip(per_byte, t_big, t_small, strict=True):  # t = latency + bytes / bw
-                    way.append(max(tb - ts, 1e-12) / (big - small))
-                    latencies.append(max(ts - small * way[-1], 0.0))
+                    if tb > ts:
+                        way.append((tb - ts) / (big - small))
+                        latencies.append(max(ts - small * way[-1], 0.0))
         finally:
             backend.close()
+    if not (latencies and all(per_byte)):
+        raise RuntimeError("calibration: moving 4 MiB tensors never took longer than 64 KiB ones; the "
+                           "machine was too busy to measure, try again")
     return (statistics.median(latencies), 1 / statistics.median(per_byte[0]), 1 / statistics.median(per_byte[1]))
 
 

@@ -298,10 +298,10 @@ def plan(
              "cost far more than its bytes. auto: measured on this machine for a profile taken on the "
              "CPU, 0 for any other.")] = "auto",
     transfer_latency: Annotated[str, typer.Option(
-        help="Time each transfer holds its channel before its bytes move, in microseconds (a worker "
-             "picking it up, a swap file opened and closed): with the bandwidth, what a transfer of a "
-             "small tensor takes. auto: measured on this machine for a profile taken on the CPU, 0 for "
-             "any other.")] = "auto",
+        help="Time each transfer to or from the SSD holds its channel before its bytes move, in "
+             "microseconds (a worker picking it up, a swap file opened and closed): with the bandwidth, "
+             "what a transfer of a small tensor takes. auto: measured on this machine for a profile "
+             "taken on the CPU, 0 for any other.")] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Plan which tensors go to SSD or host memory and when, and predict the cost.

@@ -191,7 +191,8 @@ def test_copies_on_the_compute_are_zero_off_the_cpu_and_charged_when_given(synth
     assert cpu.summary["predicted_iteration_us"] > gpu.summary["predicted_iteration_us"]
 
 
-@pytest.mark.parametrize("option", ["--copy-cost", "--op-overhead", "--refault-cost", "--transfer-cost"])
+@pytest.mark.parametrize("option", ["--copy-cost", "--op-overhead", "--refault-cost", "--transfer-cost",
+                                    "--transfer-latency"])
 def test_bad_compute_costs_are_one_line_and_exit_2(synth: Path, option: str) -> None:
     for bad in ("fast", "-1", "inf", "nan", "1e308"):  # 1e308 overflowed the simulation to NaN
         r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", option, bad, "--out", synth / "x.json")

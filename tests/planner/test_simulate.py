@@ -222,5 +222,8 @@ def test_a_transfer_latency_holds_the_channel_but_moves_and_costs_no_bytes() -> 
     # Copies cost the compute by their bytes only: at 1e-10 s a byte, 100 us each way.
     charged = simulate(four_ops(), [move(2)], bw, float("inf"), transfer_latency_s=3e-4, copy_cost_s_per_byte=1e-10)
     assert charged.copy_charge_us == pytest.approx(200.0)
+    # Host memory's channels have none (the host backend opens no file).
+    host = simulate(four_ops(), [replace(move(2), target="host")], bw, float("inf"), transfer_latency_s=3e-4)
+    assert host.offload_us[0].tolist() == pytest.approx([1000.0, 1500.0])
     with pytest.raises(ValueError, match="transfer_latency_s"):
         simulate(four_ops(), [], BW, float("inf"), transfer_latency_s=-1.0)
