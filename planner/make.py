@@ -36,7 +36,8 @@ class RankPlan:
 def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
                    capacity_bytes: float, max_rounds: int = 4, *, copy_cost_s_per_byte: float = 0.0,
                    op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
-                   transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0) -> RankPlan:
+                   transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0,
+                   sim: SimResult | None = None) -> RankPlan:
     """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
 
     Marking only adds urgency. Urgent transfers are served first, which can make
@@ -49,7 +50,7 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
     runtime serves that one first once an op waits on it.
     ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte``, ``transfer_cost_s``:
     NOTE [ Copies on the compute ] in ``planner.simulate``; ``transfer_latency_s``: NOTE [ Transfer
-    latency ] there.
+    latency ] there. ``sim``: the simulation of ``moves`` with these figures, if at hand.
     """
 
     def sim_of(moves: tuple[Move, ...]) -> SimResult:
@@ -59,7 +60,8 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
                         transfer_latency_s=transfer_latency_s)
 
     current = tuple(moves)
-    sim = sim_of(current)
+    if sim is None:
+        sim = sim_of(current)
     for round_ in range(max_rounds + 1):
         marked = tuple(
             mv.with_urgency(i in sim.waited_offloads, i in sim.waited_prefetches)
@@ -103,8 +105,8 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
         if best is None or score > best[0]:
             best = (score, planned, sim)
     assert best is not None  # the ops' own clock is always tried
-    moves, _ = fill_host(problem, best[1], best[2], hw, bound, sim_of)
-    return settle_urgency(problem, moves, bw, hw.gpu_mem_bytes, **hw.compute_costs())
+    moves, sim = fill_host(problem, best[1], best[2], hw, bound, sim_of)
+    return settle_urgency(problem, moves, bw, hw.gpu_mem_bytes, **hw.compute_costs(), sim=sim)
 
 
 def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
