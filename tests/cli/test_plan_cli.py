@@ -208,7 +208,8 @@ def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
     cache = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "RANK": "1", "WORLD_SIZE": "2"}
     plans = []
     for i in range(2):
-        r = run_teraio("plan", tmp_path / "p", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--no-compare",
+        bw = ["--ssd-bw", "16"] if i == 0 else []  # then auto: the posix backend's measured rates
+        r = run_teraio("plan", tmp_path / "p", "--gpu-mem", "1.5G", *bw, "--no-compare",
                        "--op-overhead", "20", "--out", tmp_path / f"plan{i}.json", env=cache)
         assert r.returncode == 0, r.stderr
         plans.append(load_plan(tmp_path / f"plan{i}.json").parameters)
@@ -222,3 +223,8 @@ def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
         assert params["transfer_cost_s"] > 0  # hundreds of us here: never lost in the noise
         assert params["transfer_latency_s"] > 0
     assert plans[0]["copy_cost_s_per_byte"] == plans[1]["copy_cost_s_per_byte"]
+    assert plans[0]["ssd_read_bw_bytes_per_s"] == 16e9
+    measured = next(iter(json.loads((tmp_path / "cache" / "teraio" / "cpu-costs.json").read_text()).values()))
+    for way in ("read", "write"):  # as printed, 4 digits
+        assert plans[1][f"ssd_{way}_bw_bytes_per_s"] == pytest.approx(
+            measured["costs"][f"posix_{way}_bw_bytes_per_s"], rel=1e-3)
