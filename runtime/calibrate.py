@@ -99,51 +99,16 @@ class _Compute:
         return statistics.median(times)
 
 
-def _copies_beside(compute: _Compute, backend: PosixBackend, total_bytes: int, tensor_bytes: int,
-                   step_s: float) -> float:
-    """Compute time lost while ``total_bytes`` go out and come back, seconds."""
-    engine = MigrationEngine(2)
-    storages = [torch.empty(tensor_bytes, dtype=torch.uint8).fill_(i % 251).untyped_storage()
-                for i in range(total_bytes // tensor_bytes)]
-    lost = 0.0
-    try:
-        def submit(key: int, direction: str) -> None:
-            view = byte_view(storages[key])
-            work = ((lambda: backend.write(key, view)) if direction == "write"
-                    else (lambda: backend.read(key, view)))
-            engine.submit(Job(key, direction, tensor_bytes, work))
-
-        for key in range(len(storages)):
-            submit(key, "write")
-        writes, reads = len(storages), 0
-        while writes or reads:
-            while engine.completed:  # what the executor does before each op
-                job = engine.completed.popleft()
-                if job.error is not None:
-                    raise job.error
-                if job.direction == "write":
-                    free_storage(storages[job.tensor_id])
-                    writes -= 1
-                    if not writes:
-                        for key, storage in enumerate(storages):
-                            realloc_storage(storage, tensor_bytes)
-                            submit(key, "read")
-                        reads = len(storages)
-                else:
-                    reads -= 1
-            lost += compute.step() - step_s
-    finally:
-        engine.close()
-    return lost
-
-
-def _one_way_s(compute: _Compute, backend: PosixBackend, tensor_bytes: int, count: int) -> tuple[float, float]:
-    """Wall seconds for ``count`` tensors of ``tensor_bytes`` to go out through the engine, then to
-    come back, the compute loop running beside them as training would."""
+def _out_and_back(compute: _Compute, backend: PosixBackend, tensor_bytes: int, count: int,
+                  step_s: float = 0.0) -> tuple[float, float, float]:
+    """``count`` tensors of ``tensor_bytes`` out through the engine, then back, the compute loop
+    running beside them as training would (its steps free each storage once written and give it its
+    bytes back before its read, as the executor does before each op). Returns the wall seconds out,
+    those back, and the compute seconds lost over steps of ``step_s`` alone."""
     engine = MigrationEngine(2)
     storages = [torch.empty(tensor_bytes, dtype=torch.uint8).fill_(i % 251).untyped_storage()
                 for i in range(count)]
-    took = []
+    took, lost = [], 0.0
     try:
         for direction in ("write", "read"):
             t0 = time.perf_counter()
@@ -161,14 +126,14 @@ def _one_way_s(compute: _Compute, backend: PosixBackend, tensor_bytes: int, coun
                     if direction == "write":
                         free_storage(storages[job.tensor_id])
                     done += 1
-                compute.step()
+                lost += compute.step() - step_s
             took.append(time.perf_counter() - t0)
             if direction == "write":
                 for storage in storages:
                     realloc_storage(storage, tensor_bytes)
     finally:
         engine.close()
-    return took[0], took[1]
+    return took[0], took[1], lost
 
 
 def measure_channel(swap_dir: str | Path | None = None, rounds: int = 3) -> tuple[float, float, float]:
@@ -183,8 +148,8 @@ def measure_channel(swap_dir: str | Path | None = None, rounds: int = 3) -> tupl
         backend = PosixBackend(d)
         try:
             for _ in range(rounds):
-                t_big = [t / 32 for t in _one_way_s(compute, backend, big, 32)]
-                t_small = [t / 256 for t in _one_way_s(compute, backend, small, 256)]
+                t_big = [t / 32 for t in _out_and_back(compute, backend, big, 32)[:2]]
+                t_small = [t / 256 for t in _out_and_back(compute, backend, small, 256)[:2]]
                 for way, tb, ts in zip(per_byte, t_big, t_small, strict=True):  # t = latency + bytes / bw
                     if tb > ts:
                         way.append((tb - ts) / (big - small))
@@ -208,7 +173,7 @@ def measure_copy_cost(swap_dir: str | Path | None = None, total_bytes: int = 128
         try:
             for _ in range(rounds):
                 step_s = compute.alone(0.3)
-                lost = _copies_beside(compute, backend, total_bytes, tensor_bytes, step_s)
+                lost = _out_and_back(compute, backend, tensor_bytes, total_bytes // tensor_bytes, step_s)[2]
                 costs.append(max(lost, 0.0) / (2 * total_bytes))
         finally:
             backend.close()
