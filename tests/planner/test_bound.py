@@ -8,7 +8,7 @@ from hypothesis import given
 
 from planner import Hardware, plan_rank, problem_from_profile
 from planner.baselines import activation_offload
-from planner.bound import _used_bytes, iteration_bound, phase_windows, transfer_us
+from planner.bound import _used_bytes, _used_bytes_per_op, iteration_bound, phase_windows, transfer_us
 from tests.planner.helpers import make_profile
 from tests.planner.test_properties import SETTINGS, cases
 
@@ -67,10 +67,24 @@ def test_the_peak_bound_is_the_bytes_over_capacity_each_way() -> None:
     # Peak at op 1 (1110 B): over the iteration from op 1 every tensor alive there is used again.
     assert b.peak_us == pytest.approx((1110 - 400) * 10)
     assert b.ideal_us == pytest.approx(1000.0)
-    # Per window: [0, 4] reads 610 - 400, writes 610 - 400; [5, 9] 910 - 400 each way.
-    assert list(b.window_read_bytes) == [210, 510] and list(b.window_write_bytes) == [210, 510]
-    assert b.phases_us == pytest.approx(210 * 10 + 510 * 10)
+    # Per window, from its tightest op: [0, 4] reads 610 - 400 from op 0 on; by op 1 (T made and C
+    # used there, A idle since op 0: 810 B) 410 B were written, then ops 1-4 run: 4,100 + 400 us.
+    # [5, 9]: reads 910 - 400 from op 5 on; by op 6 (B and C used, A idle since 5) 510 B were
+    # written, then ops 6-9 run: 5,100 + 400 us.
+    assert list(b.window_read_bytes) == [210, 510] and list(b.window_write_bytes) == [410, 510]
+    assert list(b.window_us) == pytest.approx([4500, 5500])
+    assert b.phases_us == pytest.approx(4500 + 5500)
     assert b.iteration_us == b.phases_us
+
+
+def test_a_window_is_bound_from_its_tightest_op() -> None:
+    problem = problem_from_profile(two_phase_profile())
+    b = iteration_bound(problem, hw(400, ssd=1e5))
+    reads, writes = _used_bytes(problem, np.array([0, 5]), np.array([4, 9]))
+    # From the windows' first and last ops alone: 210 and 510 B each way, 2,100 and 5,100 us.
+    assert list(reads) == [610, 910] and list(writes) == [610, 910]
+    assert b.window_write_bytes[0] > writes[0] - 400
+    assert b.phases_us > (210 + 510) * 10
 
 
 def test_nothing_to_move_leaves_the_ideal() -> None:
@@ -100,3 +114,17 @@ def test_no_plan_that_fits_is_faster_than_the_bound(case: tuple) -> None:
                activation_offload(problem, h)):
         if rp.sim.fits:
             assert rp.sim.iteration_us >= bound.iteration_us * (1 - 1e-9)
+
+
+@SETTINGS
+@given(cases())
+def test_per_op_bytes_are_those_of_each_op_s_own_window(case: tuple) -> None:
+    _, problem, _ = case
+    first = phase_windows(problem)
+    end = np.r_[first[1:], problem.num_ops]
+    window = np.searchsorted(first, np.arange(problem.num_ops), side="right") - 1
+    reads, writes = _used_bytes_per_op(problem, first)
+    ops = np.arange(problem.num_ops)
+    want_reads, _ = _used_bytes(problem, ops, end[window] - 1)
+    _, want_writes = _used_bytes(problem, first[window], ops)
+    assert reads == pytest.approx(want_reads) and writes == pytest.approx(want_writes)

@@ -31,12 +31,12 @@ def test_only_windows_slower_than_their_ops_are_stretched() -> None:
     assert paced_durations(problem, iteration_bound(problem, hw(2000, 1e6)), 0.0) is None  # nothing moves
     h = hw(400, 1e5)
     bound = iteration_bound(problem, h)
-    # [0, 4]: 500 us of ops, bound 2,100 us; [5, 9]: 500 us, bound 5,100 us (test_bound).
+    # [0, 4]: 500 us of ops, bound 4,500 us; [5, 9]: 500 us, bound 5,500 us (test_bound).
     paced = paced_durations(problem, bound, 0.0)
     assert paced is not None
-    assert paced[:5].sum() == pytest.approx(2100.0) and paced[5:].sum() == pytest.approx(5100.0)
+    assert paced[:5].sum() == pytest.approx(4500.0) and paced[5:].sum() == pytest.approx(5500.0)
     assert np.allclose(paced[:5] / problem.duration_us[:5], paced[0] / problem.duration_us[0])  # in proportion
-    assert paced_durations(problem, bound, 0.5)[5:].sum() == pytest.approx(5100.0 * 1.5)  # type: ignore[index]
+    assert paced_durations(problem, bound, 0.5)[5:].sum() == pytest.approx(5500.0 * 1.5)  # type: ignore[index]
     with pytest.raises(ValueError):
         paced_durations(problem, bound, -0.1)
 
@@ -48,8 +48,9 @@ def test_a_window_of_ops_that_take_no_time_gets_its_bound_spread_evenly() -> Non
     problem = replace(problem, duration_us=d)
     bound = iteration_bound(problem, hw(400, 1e5))
     paced = paced_durations(problem, bound, 0.0)
+    # [5, 9] takes no time: its writes by op 6 (5,100 us) are all its bound
     assert paced is not None and np.allclose(paced[5:], 5100.0 / 5)
-    assert paced[:5].sum() == pytest.approx(2100.0)
+    assert paced[:5].sum() == pytest.approx(4500.0)
 
 
 def test_plan_rank_keeps_the_fastest_clock() -> None:
@@ -63,8 +64,10 @@ def test_plan_rank_keeps_the_fastest_clock() -> None:
         plans.append(plan_greedy(replace(problem, duration_us=durations), h))
         times.append(simulate(problem, plans[-1], h.channel_bw(), h.gpu_mem_bytes).iteration_us)
     best = plan_rank(problem, h, margins=(0.0, 0.25))
-    settled = settle_urgency(problem, plans[int(np.argmin(times))], h.channel_bw(), h.gpu_mem_bytes).sim
-    assert best.sim.fits and best.sim.iteration_us == pytest.approx(settled.iteration_us)
+    # The fastest clock's moves, their prefetches perhaps started earlier (planner.early)
+    fastest = plans[int(np.argmin(times))]
+    assert best.sim.fits and {m.period for m in best.moves} == {m.period for m in fastest}
+    assert best.sim.iteration_us <= settle_urgency(problem, fastest, h.channel_bw(), h.gpu_mem_bytes).sim.iteration_us
     assert best.problem is problem  # simulated on the ops' own durations
     assert len(set(times)) == 3  # the clocks made different plans
 
