@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from planner.bound import iteration_bound
+from planner.early import by_deadline, prefetch_early
 from planner.greedy import Move, Progress, plan_greedy
 from planner.hardware import Hardware
 from planner.job import predict_job, rank_ops
@@ -25,7 +26,8 @@ __all__ = ["RankPlan", "build_plan", "job_summary", "plan_rank", "settle_urgency
 @dataclass(frozen=True, eq=False)
 class RankPlan:
     """One rank's moves and their simulation. ``settled``: every transfer an op waits on in
-    ``sim`` is marked urgent (``settle_urgency``)."""
+    ``sim`` is marked urgent (``settle_urgency``), but for prefetches served by deadline (NOTE [
+    Prefetch early, serve by deadline ] in ``planner.early``)."""
 
     problem: PlanProblem
     moves: tuple[Move, ...]
@@ -37,7 +39,7 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
                    capacity_bytes: float, max_rounds: int = 4, *, copy_cost_s_per_byte: float = 0.0,
                    op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
                    transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0,
-                   sim: SimResult | None = None) -> RankPlan:
+                   sim: SimResult | None = None, prefetches: bool = True) -> RankPlan:
     """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
 
     Marking only adds urgency. Urgent transfers are served first, which can make
@@ -51,6 +53,9 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
     ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte``, ``transfer_cost_s``:
     NOTE [ Copies on the compute ] in ``planner.simulate``; ``transfer_latency_s``: NOTE [ Transfer
     latency ] there. ``sim``: the simulation of ``moves`` with these figures, if at hand.
+    ``prefetches`` false marks offloads only: on moves whose prefetches are served by deadline
+    (NOTE [ Prefetch early, serve by deadline ] in ``planner.early``), the one an op waits on is
+    already served first.
     """
 
     def sim_of(moves: tuple[Move, ...]) -> SimResult:
@@ -64,7 +69,7 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
         sim = sim_of(current)
     for round_ in range(max_rounds + 1):
         marked = tuple(
-            mv.with_urgency(i in sim.waited_offloads, i in sim.waited_prefetches)
+            mv.with_urgency(i in sim.waited_offloads, prefetches and i in sim.waited_prefetches)
             for i, mv in enumerate(current)
         )
         if marked == current:
@@ -82,8 +87,9 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
     work) on the ops' own clock and, when some window's transfers need more time than its ops take,
     on the clock paced by each of ``margins`` (NOTE [ Paced clock ] in ``planner.pace``). Each plan
     is simulated once; the one that fits and runs fastest gets SSD moves sent to idle host memory
-    where that is faster (NOTE [ Host memory left idle ] in ``planner.rebalance``) and its urgent
-    transfers marked (``settle_urgency``)."""
+    where that is faster (NOTE [ Host memory left idle ] in ``planner.rebalance``), its prefetches
+    started early and served by deadline where that is faster (NOTE [ Prefetch early, serve by
+    deadline ] in ``planner.early``), and its urgent transfers marked (``settle_urgency``)."""
     bound = iteration_bound(problem, hw)
     clocks: list[tuple[str, np.ndarray]] = [("the ops' own clock", problem.duration_us)]
     for margin in margins:
@@ -106,7 +112,13 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
             best = (score, planned, sim)
     assert best is not None  # the ops' own clock is always tried
     moves, sim = fill_host(problem, best[1], best[2], hw, bound, sim_of)
-    return settle_urgency(problem, moves, bw, hw.gpu_mem_bytes, **hw.compute_costs(), sim=sim)
+    early = by_deadline(prefetch_early(problem, moves, sim, hw.gpu_mem_bytes))
+    early_sim = sim_of(early)
+    served_by_deadline = early_sim.fits and early_sim.iteration_us < sim.iteration_us
+    if served_by_deadline:
+        moves, sim = early, early_sim
+    return settle_urgency(problem, moves, bw, hw.gpu_mem_bytes, **hw.compute_costs(), sim=sim,
+                          prefetches=not served_by_deadline)
 
 
 def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:

@@ -23,10 +23,13 @@ priority). Each migration is a dict:
 - ``start_us``, ``end_us``: when the simulator predicts it to start and end,
   from the start of the iteration in which it is triggered (``end_us`` may pass
   the iteration's end; ``null`` when the simulated iteration did not run it);
-- ``urgent``: an op waits for it in the simulation; serve it before others;
-- ``priority``: the order in which the planner reserved bandwidth; serving
-  pending transfers of a channel in this order (lower first) reproduces the
-  predicted times;
+- ``urgent``: an op waits for it in the simulation; serve it before others
+  (only offloads, where the prefetches are served by deadline);
+- ``priority``: the order (lower first) in which a channel serves its pending
+  transfers after the urgent ones, as the simulator and the runtime's engine
+  do: offloads in the order the planner reserved bandwidth, prefetches the
+  same or by deadline (NOTE [ Prefetch early, serve by deadline ] in
+  ``planner.early``);
 - ``wraps``, ``period_start_op``, ``period_end_op``: the inactive period moved;
 - ``name`` (only for named tensors: parameters, gradients, optimizer state):
   the tensor's name in the profile, which lets the runtime find a storage

@@ -1,4 +1,4 @@
-"""The migration engine: per-direction queues served urgent-first by worker threads.
+"""The migration engine: per-direction queues, urgent first then by the plan's priority, and their workers.
 
 The main thread submits jobs; a job only moves bytes between a storage that
 the main thread keeps alive and unchanged (NOTE [ Freeing in place ] in
@@ -81,6 +81,7 @@ class Job:
     work: Callable[[], None]
     urgent: bool = False
     target: str = ""
+    priority: int = 0  # the plan's: lower first within urgent and within the rest, then FIFO
     error: BaseException | None = None
     done: Done = field(default_factory=Done)
     queued_s: float = field(default_factory=time.perf_counter)
@@ -108,7 +109,8 @@ class MigrationEngine:
         self.completed: deque[Job] = deque()
         self._seq = itertools.count()
         self._take = threading.Lock()  # the queues, and whether a job is taken
-        self._queued: dict[str, list[tuple[int, int, Job]]] = {"write": [], "read": []}  # heaps
+        # heaps of (0 if urgent else 1, job.priority, order queued, job)
+        self._queued: dict[str, list[tuple[int, int, int, Job]]] = {"write": [], "read": []}
         self._wake: dict[str, queue.SimpleQueue[None]] = {d: queue.SimpleQueue() for d in self._queued}
         self._closing = False
         self._threads = [
@@ -120,19 +122,19 @@ class MigrationEngine:
         for t in self._threads:
             t.start()
 
-    def _queue(self, job: Job, priority: int) -> None:
+    def _queue(self, job: Job, urgent: bool) -> None:
         with self._take:
-            heapq.heappush(self._queued[job.direction], (priority, next(self._seq), job))
+            heapq.heappush(self._queued[job.direction], (0 if urgent else 1, job.priority, next(self._seq), job))
         self._wake[job.direction].put(None)
 
     def submit(self, job: Job) -> Job:
-        self._queue(job, 0 if job.urgent else 1)
+        self._queue(job, job.urgent)
         return job
 
     def promote(self, job: Job) -> None:
         """Serve an already queued job before everything that is not urgent."""
         if not job.urgent and not job.done.is_set():
-            self._queue(job, 0)  # the old entry is skipped once the job is taken
+            self._queue(job, True)  # the old entry is skipped once the job is taken
             job.urgent = True
 
     def cancel(self, job: Job) -> bool:
@@ -159,7 +161,7 @@ class MigrationEngine:
         with self._take:
             queued = self._queued[direction]
             while queued:
-                job = heapq.heappop(queued)[2]
+                job = heapq.heappop(queued)[3]
                 if not job.taken:
                     job.taken = True
                     return job

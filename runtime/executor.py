@@ -265,7 +265,7 @@ class PlanExecutor(OpStream):
                                               f"bytes, the plan expects {m.size_bytes}")
                 return
             self._offloads_started += 1
-            self._offload(tid, storage, m.place, m.urgent, m.name)
+            self._offload(tid, storage, m.place, m.urgent, m.name, m.priority)
             return
         if tid not in self.moved and tid in self.plan_ids:
             tid = self.plan_ids[tid]
@@ -275,7 +275,7 @@ class PlanExecutor(OpStream):
         if entry.state is Residency.OFFLOADING:
             self._needed_again(entry)
         elif entry.state in (Residency.SSD, Residency.HOST):
-            self._fetch(tid, entry, m.urgent)
+            self._fetch(tid, entry, m.urgent, priority=m.priority)
 
     # ---- transfers ---------------------------------------------------------------
     def _describe(self, tid: int, name: str | None = None) -> str:
@@ -283,7 +283,7 @@ class PlanExecutor(OpStream):
         return f"tensor {tid}" + (f" ({name})" if name else "")
 
     def _offload(self, tid: int, storage: torch.UntypedStorage, target: str, urgent: bool,
-                 name: str | None = None) -> None:
+                 name: str | None = None, priority: int = 0) -> None:
         if not storage.resizable() or storage in self.foreign_resized:
             what = self._describe(tid, name)
             self.stats.not_resizable.append(what)
@@ -299,7 +299,7 @@ class PlanExecutor(OpStream):
             backend.write(key, src)
 
         job = self.engine.submit(Job(tid, "write", storage.nbytes(), _off_stream(work, src), urgent,
-                                     target))
+                                     target, priority))
         entry = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target, weakref.ref(storage),
                        key, job)
         self.moved[tid] = entry
@@ -314,7 +314,7 @@ class PlanExecutor(OpStream):
     # only after its bytes are written, its entry says SSD or HOST only once it is freed
     # (until then a freed storage with no job is still "out"), and it is reallocated
     # before its read is submitted (an SSD or HOST entry with no job is read again).
-    def _fetch(self, tid: int, entry: _Entry, urgent: bool, keep_copy: bool = False) -> None:
+    def _fetch(self, tid: int, entry: _Entry, urgent: bool, keep_copy: bool = False, priority: int = 0) -> None:
         storage = entry.storage()
         if storage is None:
             return
@@ -331,7 +331,7 @@ class PlanExecutor(OpStream):
 
         entry.keep_copy = keep_copy
         entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, _off_stream(work, dst), urgent,
-                                           entry.target))
+                                           entry.target, priority))
         entry.state = Residency.FETCHING
 
     def _await(self, job: Job) -> None:

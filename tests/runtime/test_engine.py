@@ -1,4 +1,4 @@
-"""The migration engine: urgent jobs first, and no hold on a moved storage once done."""
+"""The migration engine: urgent jobs first, then the plan's priority order, and no hold on a moved storage once done."""
 
 from __future__ import annotations
 
@@ -44,6 +44,20 @@ def test_urgent_jobs_go_first() -> None:
         gate.set()
         assert all(j.done.wait(30) for j in jobs)
         assert order == [3, 2, 1]
+    finally:
+        engine.close()
+
+
+def test_jobs_go_in_the_plans_priority_order_after_the_urgent_ones() -> None:
+    engine = MigrationEngine(num_workers=1)
+    try:
+        gate, order = threading.Event(), []
+        engine.submit(Job(0, "read", 0, lambda: gate.wait(30)))  # holds the only read worker
+        jobs = [engine.submit(Job(i, "read", 0, lambda i=i: order.append(i), urgent=i == 4, priority=p))
+                for i, p in ((1, 5), (2, 1), (3, 5), (4, 9), (5, 3))]
+        gate.set()
+        assert all(j.done.wait(30) for j in jobs)
+        assert order == [4, 2, 5, 1, 3]  # urgent; then by priority, in the order queued where equal
     finally:
         engine.close()
 
