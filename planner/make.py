@@ -89,7 +89,8 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
     is simulated once; the one that fits and runs fastest gets SSD moves sent to idle host memory
     where that is faster (NOTE [ Host memory left idle ] in ``planner.rebalance``), its prefetches
     started early and served by deadline where that is faster (NOTE [ Prefetch early, serve by
-    deadline ] in ``planner.early``), and its urgent transfers marked (``settle_urgency``)."""
+    deadline ] in ``planner.early``; then host memory is filled again), and its urgent transfers
+    marked (``settle_urgency``)."""
     bound = iteration_bound(problem, hw)
     clocks: list[tuple[str, np.ndarray]] = [("the ops' own clock", problem.duration_us)]
     for margin in margins:
@@ -116,7 +117,8 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
     early_sim = sim_of(early)
     served_by_deadline = early_sim.fits and early_sim.iteration_us < sim.iteration_us
     if served_by_deadline:
-        moves, sim = early, early_sim
+        # Reads that start earlier leave other windows bound by the SSD: fill host memory again.
+        moves, sim = fill_host(problem, early, early_sim, hw, bound, sim_of)
     return settle_urgency(problem, moves, bw, hw.gpu_mem_bytes, **hw.compute_costs(), sim=sim,
                           prefetches=not served_by_deadline)
 

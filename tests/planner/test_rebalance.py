@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from planner import Hardware, Move, problem_from_profile
 from planner.bound import iteration_bound
 from planner.greedy import plan_greedy
-from planner.rebalance import fill_host
+from planner.rebalance import _batches, fill_host, window_times_us
 from planner.simulate import SimResult, simulate
 from profiles.synthetic import synthetic_profile
 
@@ -46,3 +48,25 @@ def test_no_move_fits_in_too_little_host_memory() -> None:
     filled, sim = fill_host(problem, moves, before, hw, iteration_bound(problem, hw), sim_of)
     assert filled == moves and sim is before
 
+
+
+def test_a_balancing_batch_evens_out_every_window_above_its_bound() -> None:
+    problem, moves, hw, sim_of = _case(host_share=1.0)
+    before, bound = sim_of(moves), iteration_bound(problem, hw)
+    above = window_times_us(before, bound.window_first_op) > bound.window_us
+    assert above.sum() >= 2
+    n, bw = problem.num_ops, hw.channel_bw()
+    for side in ("read", "write"):
+        balancing, worst = _batches(problem, moves, before, bound, hw, side)
+        at = [(m.end_op if side == "read" else m.start_op + 1) % n for m in moves]
+        window = np.searchsorted(bound.window_first_op, at, side="right") - 1
+        assert {int(window[i]) for i in worst} == {int(np.argmax(window_times_us(before, bound.window_first_op)
+                                                                   - bound.window_us))}
+        assert {int(window[i]) for i in balancing} == set(np.flatnonzero(above).tolist())
+        for w in np.flatnonzero(above):
+            # every move is on the SSD: x bytes off it even the two out at x = ssd * host_bw / (both)
+            ssd = sum(m.size_bytes for i, m in enumerate(moves)
+                      if window[i] == w and (m.reads_back or side == "write"))
+            even = ssd * bw[f"host_{side}"] / (bw[f"ssd_{side}"] + bw[f"host_{side}"])
+            sent = sum(moves[i].size_bytes for i in balancing if window[i] == w)
+            assert 0 < sent <= 1.5 * even
