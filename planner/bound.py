@@ -79,8 +79,8 @@ class Bound:
     """The sum over the phase windows (NOTE [ Transfer bound ], phases)."""
     window_first_op: np.ndarray  # (num_windows,) int64: each phase window's first op
     window_compute_us: np.ndarray  # (num_windows,) float64: its ops' time
-    window_read_bytes: np.ndarray  # (num_windows,) float64: the least it must read back (from its tightest op)
-    window_write_bytes: np.ndarray  # (num_windows,) float64: the least it must write out (up to its tightest op)
+    window_read_bytes: np.ndarray  # (num_windows,) float64: the least it must read back (the most from any op of it)
+    window_write_bytes: np.ndarray  # (num_windows,) float64: the least it must write out (the most up to any op)
     # (num_windows,) float64: the least time its reads or writes hold it, the compute before
     # the reads can start or after the writes must end included
     window_transfer_us: np.ndarray

@@ -9,8 +9,8 @@ The simulator serves pending transfers in the same order, preemptively, so in
 the ideal timeline every transfer finishes no later than the planner assumed
 (``planner.simulate``); lower-priority work only ever sees more capacity than
 was reserved for it. (Served in the order of their deadlines instead, the
-prefetches still all finish in time there: NOTE [ Prefetch early, serve by
-deadline ] in ``planner.early``.)
+prefetches of one iteration still all finish in time there: NOTE [ Prefetch
+early, serve by deadline ] in ``planner.early``.)
 
 Slots live on the unrolled axis of two iterations (NOTE [ Unrolled op axis ] in
 ``planner.problem``): slot ``k`` and ``k + n`` are the same bandwidth, so a

@@ -14,23 +14,33 @@ prefetches leave idle. So, once the moves are chosen:
 - *early*: each prefetch, the soonest needed first, starts at the earliest op
   from which its bytes fit under the capacity on the simulated memory curve
   (``SimResult.resident_bytes``, which the moves before it have raised), and
-  not before its offload has completed there, nor in an earlier iteration
-  than the greedy had it in (a wrapping period keeps its place in the plan,
-  NOTE [ Op indices in plans ] in ``planner.plan``);
+  not before its offload has completed there with a quarter of the write's
+  time to spare (a write that much slower at run time is still done; one
+  slower still is cancelled by the prefetch and its storage kept, as
+  ``runtime.executor`` does), nor in an earlier iteration than the greedy had
+  it in (a wrapping period keeps its place in the plan, NOTE [ Op indices in
+  plans ] in ``planner.plan``). A prefetch whose offload the simulated
+  iteration did not complete stays where it is;
 - *by deadline*: the read channels serve prefetches in the order of their
-  deadlines (``Move.prefetch_priority``), then of their start. With each
-  transfer released at its trigger and due at its deadline, a single channel
-  served preemptively in deadline order meets every deadline that any order
-  meets (Horn's rule, 1974: earliest due date with preemption minimises the
-  maximum lateness), so the greedy's own order is never better in the ideal
-  timeline, and off it the transfer an op waits on is always the one served.
-  Hence ``settle_urgency`` marks only offloads urgent on a plan served by
-  deadline: a prefetch marked urgent would jump ahead of others due sooner
-  (on the Llama3-8B case that made the iteration 6% slower).
+  deadlines, then of their starts, each counted from the start of the
+  iteration that triggers it (``Move.prefetch_priority``): most prefetches are
+  triggered in the iteration after their offload's, beside that iteration's
+  own. With each transfer released at its trigger and due at its deadline, a
+  single channel served preemptively in deadline order meets every deadline
+  that any order meets (Horn's rule, 1974: earliest due date with preemption
+  minimises the maximum lateness). The order is fixed per move, so it is
+  exact within an iteration; a prefetch triggered in one iteration and due in
+  the next ranks, in the next, behind that iteration's own. Hence
+  ``settle_urgency`` marks urgent, on a plan served by deadline, the offloads
+  an op waits on and only those prefetches: any other prefetch an op waits on
+  is the one due first. Marking them all (the greedy's way) made the Llama3-8B
+  case 6% slower, each urgent one jumping ahead of others due sooner.
 
 The result is simulated, and kept only where it fits and is faster. Measured
 (BENCHMARKS.md, ``bench/policies.py``): Llama3-8B at batch 16 with the SSD
-alone from 61.98 s to 57.6 s a predicted iteration, the others within 0.2%.
+alone from 61.98 s to 57.63 s a predicted iteration; Llama3-70B at batch 16
+with the SSD alone from 1,301.4 to 1,264.0 s; the cases with host memory by
+at most 0.8% (before host memory is filled again, ``planner.make``).
 """
 
 from __future__ import annotations
@@ -63,7 +73,9 @@ def prefetch_early(problem: PlanProblem, moves: Sequence[Move], sim: SimResult,
         mv = moves[i]
         start = mv.prefetch_trigger
         base = start // n * n  # the iteration it starts in, on the unrolled axis
-        written = sim.offload_us[i, 1] + mv.offload_trigger // n * iteration
+        # a quarter of the time the write took after its simulated end: a write that slow is still done
+        began, ended = sim.offload_us[i]
+        written = ended + 0.25 * (ended - began) + mv.offload_trigger // n * iteration
         first = max(base, mv.offload_trigger + 1, int(np.searchsorted(reached, written)))
         if first >= start:
             continue
@@ -75,11 +87,18 @@ def prefetch_early(problem: PlanProblem, moves: Sequence[Move], sim: SimResult,
     return out
 
 
-def by_deadline(moves: Sequence[Move]) -> list[Move]:
+def by_deadline(moves: Sequence[Move], num_ops: int) -> list[Move]:
     """``moves`` with their prefetches' priorities in the order of their deadlines, then of their
-    starts (NOTE [ Prefetch early, serve by deadline ])."""
-    order = sorted(range(len(moves)),
-                   key=lambda i: (moves[i].prefetch_deadline, moves[i].prefetch_trigger, moves[i].priority))
+    starts, each counted from the start of the iteration that triggers it (NOTE [ Prefetch early,
+    serve by deadline ]); ``num_ops``: the iteration's."""
+    n = num_ops
+
+    def due(mv: Move) -> int:  # the deadline, counted from the start of the iteration that triggers it
+        shift = mv.prefetch_trigger // n * n if n else 0
+        return mv.prefetch_deadline - shift
+
+    order = sorted(range(len(moves)), key=lambda i: (due(moves[i]), moves[i].prefetch_trigger % max(n, 1),
+                                                     moves[i].priority))
     rank = np.empty(len(moves), np.int64)
     rank[order] = np.arange(len(moves))
     return [replace(mv, prefetch_priority=int(rank[i])) for i, mv in enumerate(moves)]

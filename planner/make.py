@@ -26,7 +26,7 @@ __all__ = ["RankPlan", "build_plan", "job_summary", "plan_rank", "settle_urgency
 @dataclass(frozen=True, eq=False)
 class RankPlan:
     """One rank's moves and their simulation. ``settled``: every transfer an op waits on in
-    ``sim`` is marked urgent (``settle_urgency``), but for prefetches served by deadline (NOTE [
+    ``sim`` is marked urgent (``settle_urgency``), but for most prefetches served by deadline (NOTE [
     Prefetch early, serve by deadline ] in ``planner.early``)."""
 
     problem: PlanProblem
@@ -53,9 +53,9 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
     ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte``, ``transfer_cost_s``:
     NOTE [ Copies on the compute ] in ``planner.simulate``; ``transfer_latency_s``: NOTE [ Transfer
     latency ] there. ``sim``: the simulation of ``moves`` with these figures, if at hand.
-    ``prefetches`` false marks offloads only: on moves whose prefetches are served by deadline
-    (NOTE [ Prefetch early, serve by deadline ] in ``planner.early``), the one an op waits on is
-    already served first.
+    ``prefetches`` false marks offloads, and only those prefetches whose trigger and deadline fall in
+    different iterations: on moves whose prefetches are served by deadline (NOTE [ Prefetch early,
+    serve by deadline ] in ``planner.early``), any other one an op waits on is already served first.
     """
 
     def sim_of(moves: tuple[Move, ...]) -> SimResult:
@@ -64,12 +64,14 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
                         refault_s_per_byte=refault_s_per_byte, transfer_cost_s=transfer_cost_s,
                         transfer_latency_s=transfer_latency_s)
 
+    n = max(problem.num_ops, 1)
     current = tuple(moves)
     if sim is None:
         sim = sim_of(current)
     for round_ in range(max_rounds + 1):
         marked = tuple(
-            mv.with_urgency(i in sim.waited_offloads, prefetches and i in sim.waited_prefetches)
+            mv.with_urgency(i in sim.waited_offloads, i in sim.waited_prefetches and (
+                prefetches or mv.prefetch_trigger // n != mv.prefetch_deadline // n))
             for i, mv in enumerate(current)
         )
         if marked == current:
@@ -113,7 +115,7 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
             best = (score, planned, sim)
     assert best is not None  # the ops' own clock is always tried
     moves, sim = fill_host(problem, best[1], best[2], hw, bound, sim_of)
-    early = by_deadline(prefetch_early(problem, moves, sim, hw.gpu_mem_bytes))
+    early = by_deadline(prefetch_early(problem, moves, sim, hw.gpu_mem_bytes), problem.num_ops)
     early_sim = sim_of(early)
     served_by_deadline = early_sim.fits and early_sim.iteration_us < sim.iteration_us
     if served_by_deadline:

@@ -24,12 +24,14 @@ priority). Each migration is a dict:
   from the start of the iteration in which it is triggered (``end_us`` may pass
   the iteration's end; ``null`` when the simulated iteration did not run it);
 - ``urgent``: an op waits for it in the simulation; serve it before others
-  (only offloads, where the prefetches are served by deadline);
-- ``priority``: the order (lower first) in which a channel serves its pending
-  transfers after the urgent ones, as the simulator and the runtime's engine
-  do: offloads in the order the planner reserved bandwidth, prefetches the
-  same or by deadline (NOTE [ Prefetch early, serve by deadline ] in
-  ``planner.early``);
+  (where the prefetches are served by deadline: offloads, and prefetches due
+  in the iteration after the one that triggers them);
+- ``priority``: the order (lower first) in which pending transfers are served
+  after the urgent ones: offloads in the order the planner reserved
+  bandwidth, prefetches the same or by deadline (NOTE [ Prefetch early, serve
+  by deadline ] in ``planner.early``). The simulator serves each channel so,
+  preemptively; the runtime's engine serves each direction's queue so (SSD
+  and host together), each job whole;
 - ``wraps``, ``period_start_op``, ``period_end_op``: the inactive period moved;
 - ``name`` (only for named tensors: parameters, gradients, optimizer state):
   the tensor's name in the profile, which lets the runtime find a storage

@@ -20,7 +20,7 @@ Rounds go on while one is kept, up to ``MAX_ROUNDS``. The first batch is what a 
 micro-batches needs: for Llama3-70B at batch 16, each of the 16 backward passes was 4.4 s above
 its bound, its SSD reads saturated and its host reads at 72%, and host memory held 374 of its
 512 GiB as each began; one window at a time (the second batch alone, as this pass first was)
-reached only the three worst of 33 windows (650.9 s predicted; with both batches 616.2 s). The
+reached only the three worst of 33 windows (650.9 s predicted; with both batches 617.0 s). The
 moves keep their triggers: host memory's link is the faster one in every setting the issue
 names, and where it is not, the simulation refuses the batch.
 """

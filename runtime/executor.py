@@ -452,7 +452,7 @@ class PlanExecutor(OpStream):
             del self.moved[tid]
             if (isinstance(job.error, BackendFull) and job.target != "host"
                     and "host" in self.backends and storage is not None and not entry.touched):
-                self._offload(tid, storage, "host", urgent=False)
+                self._offload(tid, storage, "host", urgent=False, priority=job.priority)
             return
         self._count(job)
         if entry.touched or storage is None or job.cancelled:
