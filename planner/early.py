@@ -91,14 +91,12 @@ def by_deadline(moves: Sequence[Move], num_ops: int) -> list[Move]:
     """``moves`` with their prefetches' priorities in the order of their deadlines, then of their
     starts, each counted from the start of the iteration that triggers it (NOTE [ Prefetch early,
     serve by deadline ]); ``num_ops``: the iteration's."""
-    n = num_ops
+    n = max(num_ops, 1)
 
     def due(mv: Move) -> int:  # the deadline, counted from the start of the iteration that triggers it
-        shift = mv.prefetch_trigger // n * n if n else 0
-        return mv.prefetch_deadline - shift
+        return mv.prefetch_deadline - mv.prefetch_trigger // n * n
 
-    order = sorted(range(len(moves)), key=lambda i: (due(moves[i]), moves[i].prefetch_trigger % max(n, 1),
-                                                     moves[i].priority))
+    order = sorted(range(len(moves)), key=lambda i: (due(moves[i]), moves[i].prefetch_trigger % n, moves[i].priority))
     rank = np.empty(len(moves), np.int64)
     rank[order] = np.arange(len(moves))
     return [replace(mv, prefetch_priority=int(rank[i])) for i, mv in enumerate(moves)]

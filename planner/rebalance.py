@@ -96,7 +96,7 @@ def _batches(problem: PlanProblem, moves: Sequence[Move], sim: SimResult, bound:
     window) or "write" (those offloaded in it): *balancing*, in every phase window above its bound in
     ``sim``, the largest first, until the window's SSD and host channels of ``side`` would finish its
     bytes together; and *the worst window's*, all of those in the window furthest above its bound,
-    the largest first."""
+    the largest first (one batch where the two are the same)."""
     n, first_ops = problem.num_ops, bound.window_first_op
     ssd_bw, host_bw = hw.channel_bw()[f"ssd_{side}"], hw.channel_bw()[f"host_{side}"]
     gap = window_times_us(sim, first_ops) - bound.window_us
@@ -121,7 +121,7 @@ def _batches(problem: PlanProblem, moves: Sequence[Move], sim: SimResult, bound:
             if moves[i].size_bytes <= 1.5 * left:  # not one so large it overshoots by more than half
                 balancing.append(i)
                 left -= moves[i].size_bytes
-    return [balancing, worst]
+    return [balancing] if worst == balancing else [balancing, worst]  # the same one tried once
 
 
 def fill_host(problem: PlanProblem, moves: Sequence[Move], sim: SimResult, hw: Hardware, bound: Bound,
