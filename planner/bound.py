@@ -2,8 +2,8 @@
 
 NOTE [ Transfer bound ]: take any plan that fits (the simulator's model,
 ``planner.simulate``: a tensor's bytes are free once its offload completes and
-counted again from the moment its prefetch starts; every offload writes the
-whole tensor, every prefetch reads it) and a *window*, a run of ops ``[a, b]``.
+counted again from the moment its prefetch starts; every prefetch reads the
+whole tensor, every offload writes it but where a copy is reused) and a *window*, a run of ops ``[a, b]``.
 Cut the iteration at the moment each window's first op is reached (before its
 stall); the windows' stretches of time partition the iteration, and each is at
 least its ops' compute time. Within the stretch of ``[a, b]``:
@@ -17,7 +17,10 @@ least its ops' compute time. Within the stretch of ``[a, b]``:
   op of ``[a, b]`` accesses. At most ``capacity`` are resident when ``b``
   runs; each of the others was resident at its access in ``[a, b)``, so its
   offload started after that access and completed before ``b`` starts: at
-  least ``Z - capacity`` bytes written inside the stretch.
+  least ``Z - capacity`` bytes written inside the stretch. An unchanged
+  period's offload may write nothing (NOTE [ Copies kept ] in
+  ``planner.clean``), so ``Z`` counts none of those idle at ``b``: the ones
+  that must be out can be them.
 - *host memory*: a tensor is out in one place; those read back (written out)
   from host memory were in host memory at ``a`` (at ``b``), at most
   ``host_mem_bytes`` of them. The SSD carries the rest.
@@ -112,13 +115,16 @@ def phase_windows(problem: PlanProblem) -> np.ndarray:
     return np.flatnonzero(change).astype(np.int64)
 
 
-def _periods_unrolled(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _periods_unrolled(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every period three times, shifted by ``-n``, 0 and ``n`` (NOTE [ Unrolled op axis ] in
-    ``planner.problem``): ``(start_op, end_op, size, reads_back)`` on an axis of ops ``[-n, 3n)``."""
+    ``planner.problem``): ``(start_op, end_op, size, reads_back, written)`` on an axis of ops
+    ``[-n, 3n)``; ``written``: not unchanged, so its offload writes (NOTE [ Unchanged periods ])."""
     n = problem.num_ops
     shifts = np.repeat(np.array([-n, 0, n], np.int64), problem.num_periods)
+    written = np.ones(problem.num_periods, bool) if problem.unchanged is None else ~problem.unchanged
     return (np.tile(problem.start_op, 3) + shifts, np.tile(problem.end_op, 3) + shifts,
-            np.tile(problem.size_bytes.astype(np.float64), 3), np.tile(problem.reads_back, 3))
+            np.tile(problem.size_bytes.astype(np.float64), 3), np.tile(problem.reads_back, 3),
+            np.tile(written, 3))
 
 
 def _used_bytes(problem: PlanProblem, first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,13 +135,13 @@ def _used_bytes(problem: PlanProblem, first: np.ndarray, last: np.ndarray) -> tu
     Z: accessed by op ``last``, or idle there (``s < last < e``) since a use ``s >= first``.
     """
     n = problem.num_ops
-    s, e, size, back = _periods_unrolled(problem)
+    s, e, size, back, written = _periods_unrolled(problem)
     act = problem.active_bytes.astype(np.float64)
     reads = np.empty(len(first))
     writes = np.empty(len(first))
     for w, (a, b) in enumerate(zip(first.tolist(), last.tolist(), strict=True)):
         reads[w] = act[a % n] + size[back & (s < a) & (a < e) & (e <= b)].sum()
-        writes[w] = act[b % n] + size[(s >= a) & (s < b) & (b < e)].sum()
+        writes[w] = act[b % n] + size[written & (s >= a) & (s < b) & (b < e)].sum()
     return reads, writes
 
 
@@ -148,7 +154,7 @@ def _used_bytes_per_op(problem: PlanProblem, first: np.ndarray) -> tuple[np.ndar
     first = np.asarray(first, np.int64)
     window = np.searchsorted(first, np.arange(n), side="right") - 1
     win_first, win_end = first[window], np.r_[first[1:], n][window]  # per op; the end excluded
-    s, e, size, back = _periods_unrolled(problem)
+    s, e, size, back, written = _periods_unrolled(problem)
 
     def swept(lo: np.ndarray, hi: np.ndarray, sz: np.ndarray) -> np.ndarray:
         keep = hi > lo
@@ -161,8 +167,9 @@ def _used_bytes_per_op(problem: PlanProblem, first: np.ndarray) -> tuple[np.ndar
     # A(k): a period read back at e counts at the ops k of e's window with s < k < e.
     sel = back & (e >= 0) & (e < n)
     reads = act + swept(np.maximum(s[sel] + 1, win_first[e[sel]]), e[sel], size[sel])
-    # Z(k): a period idle from s on counts at the ops k of s's window with s < k < e.
-    sel = (s >= 0) & (s < n)
+    # Z(k): a period idle from s on counts at the ops k of s's window with s < k < e, unless
+    # its offload may write nothing (NOTE [ Transfer bound ], writes).
+    sel = written & (s >= 0) & (s < n)
     writes = act + swept(s[sel] + 1, np.minimum(e[sel], win_end[s[sel]]), size[sel])
     return reads, writes
 

@@ -113,6 +113,10 @@ class Move:
     urgent_offload: bool = False
     urgent_prefetch: bool = False
     reads_back: bool = True
+    # NOTE [ Copies kept ] in planner.clean: the offload writes nothing where the copy the
+    # previous move's prefetch kept is still good; the prefetch keeps its copy for the next move.
+    reuse_copy: bool = False
+    keep_copy: bool = False
 
     @property
     def read_priority(self) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from planner.bound import iteration_bound
+from planner.clean import keep_copies
 from planner.early import by_deadline, prefetch_early
 from planner.greedy import Move, Progress, plan_greedy
 from planner.hardware import Hardware
@@ -121,6 +122,12 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
     if served_by_deadline:
         # Reads that start earlier leave other windows bound by the SSD: fill host memory again.
         moves, sim = fill_host(problem, early, early_sim, hw, bound, sim_of)
+    kept = keep_copies(problem, moves, hw.host_mem_bytes)
+    if any(mv.reuse_copy for mv in kept):
+        kept_sim = sim_of(kept)
+        if (kept_sim.fits and kept_sim.host_peak_bytes <= max(hw.host_mem_bytes, sim.host_peak_bytes)
+                and kept_sim.iteration_us <= sim.iteration_us):
+            moves, sim = kept, kept_sim
     return settle_urgency(problem, moves, bw, hw.gpu_mem_bytes, **hw.compute_costs(), sim=sim,
                           prefetches=not served_by_deadline)
 
@@ -206,13 +213,13 @@ def migrations_of(rank_plan: RankPlan) -> list[Migration]:
         out.append((_fold(mv.offload_trigger, n), mv.priority, Migration(
             action="offload", trigger_op=_fold(mv.offload_trigger, n),
             deadline_op=_fold(off_deadline, n), start_us=off_start, end_us=off_end,
-            urgent=mv.urgent_offload, priority=mv.priority, **common)))
+            urgent=mv.urgent_offload, priority=mv.priority, reuse_copy=mv.reuse_copy, **common)))
         if not mv.reads_back:
             continue  # a trailing period: the storage dies out there (planner.plan)
         out.append((_fold(mv.prefetch_trigger, n), mv.read_priority, Migration(
             action="prefetch", trigger_op=_fold(mv.prefetch_trigger, n),
             deadline_op=_fold(mv.prefetch_deadline, n), start_us=pre_start, end_us=pre_end,
-            urgent=mv.urgent_prefetch, priority=mv.read_priority, **common)))
+            urgent=mv.urgent_prefetch, priority=mv.read_priority, keep_copy=mv.keep_copy, **common)))
     out.sort(key=lambda t: (t[0], t[1]))
     return [m for _, _, m in out]
 

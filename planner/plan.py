@@ -1,4 +1,4 @@
-"""plan.json, format ``teraio-plan/3``: the one model of it, its writing and its reading.
+"""plan.json, format ``teraio-plan/4``: the one model of it, its writing and its reading.
 
 Every key, unit and meaning is written down in ``docs/formats.md``; the
 planner writes this model and the runtime reads it (``load_plan``).
@@ -32,6 +32,11 @@ priority). Each migration is a dict:
   by deadline ] in ``planner.early``). The simulator serves each channel so,
   preemptively; the runtime's engine serves each direction's queue so (SSD
   and host together), each job whole;
+- ``keep_copy`` (prefetch) and ``reuse_copy`` (offload), both false when absent:
+  the prefetch leaves its copy where it was, and the storage's next planned
+  offload frees the storage without writing if that copy is still good (no op
+  wrote the storage since, which the runtime checks: NOTE [ Copies kept ] in
+  ``planner.clean``);
 - ``wraps``, ``period_start_op``, ``period_end_op``: the inactive period moved;
 - ``name`` (only for named tensors: parameters, gradients, optimizer state):
   the tensor's name in the profile, which lets the runtime find a storage
@@ -93,7 +98,8 @@ from planner.errors import PlanFormatError
 
 __all__ = ["FORMAT", "Migration", "Plan", "check_rank", "load_plan", "save_plan", "signatures_of"]
 
-FORMAT = "teraio-plan/3"
+FORMAT = "teraio-plan/4"
+_READ_TOO = ("teraio-plan/3",)  # the same but for keep_copy and reuse_copy: read as plans keeping none
 _OLDER = ("teraio-plan/1", "teraio-plan/2")
 _ACTIONS = {"offload": "target", "prefetch": "source"}
 _PLACES = ("ssd", "host")
@@ -117,6 +123,8 @@ class Migration:
     period_start_op: int
     period_end_op: int
     name: str | None = None
+    keep_copy: bool = False  # prefetch: leave the copy (NOTE [ Copies kept ] in planner.clean)
+    reuse_copy: bool = False  # offload: free without writing where the kept copy is good
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -128,6 +136,10 @@ class Migration:
         }
         if self.name is not None:
             d["name"] = self.name
+        if self.keep_copy:
+            d["keep_copy"] = True
+        if self.reuse_copy:
+            d["reuse_copy"] = True
         return d
 
     @classmethod
@@ -146,6 +158,7 @@ class Migration:
             wraps=bool(d.get("wraps", False)), period_start_op=int(d.get("period_start_op", -1)),
             period_end_op=int(d.get("period_end_op", -1)),
             name=None if d.get("name") is None else str(d["name"]),
+            keep_copy=bool(d.get("keep_copy", False)), reuse_copy=bool(d.get("reuse_copy", False)),
         )
         if m.size_bytes < 0:
             raise ValueError(f"negative size_bytes {m.size_bytes}")
@@ -256,7 +269,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, doc: Any, source: object = "plan") -> Plan:
-        """Validate and read a ``teraio-plan/3`` document; ``PlanFormatError`` on any problem
+        """Validate and read a ``teraio-plan/4`` (or ``/3``) document; ``PlanFormatError`` on any problem
         (an older plan is refused with what to do)."""
         if not isinstance(doc, dict):
             raise PlanFormatError(source, "not a JSON object")
@@ -264,7 +277,7 @@ class Plan:
             profile = (doc.get("parameters") or {}).get("profile") or "its profile"
             raise PlanFormatError(source, f"format {doc['format']!r} was written by an older teraio; "
                                           f"make the plan again from {profile} with `teraio plan`")
-        if doc.get("format") != FORMAT:
+        if doc.get("format") not in (FORMAT, *_READ_TOO):
             raise PlanFormatError(source, f"format {doc.get('format')!r}, expected {FORMAT!r}; "
                                           "make the plan again with `teraio plan`")
         try:

@@ -21,6 +21,16 @@ longer alive (``>= num_ops``: it dies in the next iteration), not a use. Such
 a tensor can be offloaded and never prefetched: it costs only the write, and
 its memory is free from the end of the offload until ``end_op``, where the
 memory curve drops it anyway (``profiles.views.inactive_periods``).
+
+NOTE [ Unchanged periods ]: a period is *unchanged* when the previous period
+of its storage (the one before it in the storage's cyclic order of periods,
+the last one an iteration earlier for its first) reads back and no op writes
+the storage from that period's ``end_op`` through this one's ``start_op``:
+the storage holds the same bytes it held when it went out last. A copy of it
+kept since that prefetch is still good, so its offload need not write
+anything (NOTE [ Copies kept ] in ``planner.clean``). Parameters read in
+forward and backward are so; gradients accumulated, optimizer state and
+fresh activations are not.
 """
 
 from __future__ import annotations
@@ -59,6 +69,8 @@ class PlanProblem:
     # (num_periods,) bool: false for a trailing period, whose end_op is the storage's death
     # (NOTE [ Trailing periods ]).
     reads_back: np.ndarray
+    # (num_periods,) bool: NOTE [ Unchanged periods ]; None: none is
+    unchanged: np.ndarray | None = None
     # tensor id -> name (parameter, gradient, optimizer state) for the named tensors moved
     names: dict[int, str] = field(default_factory=dict)
     # (num_ops,) int32: the other rank of a point-to-point op (c10d send: its destination,
@@ -110,6 +122,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
         if len(names) else np.zeros(len(periods), bool)
     periods = periods[(periods["size_bytes"] > 0) & ~periods["tensor_id"].isin(fixed) & ~busy]
     named = tensors[tensors["name"].notna() & tensors["tensor_id"].isin(periods["tensor_id"])]
+    num_ops = len(kernels)
     return PlanProblem(
         rank=rank,
         signature=str(profile.meta.get("signature", "")),
@@ -127,6 +140,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
         start_op=periods["start_op"].to_numpy(np.int64),
         end_op=periods["end_op"].to_numpy(np.int64),
         reads_back=periods["reads_back"].to_numpy(bool),
+        unchanged=unchanged_periods(periods, profile.accesses_of(rank, iteration), num_ops),
         names=dict(zip(named["tensor_id"].astype(int), named["name"].astype(str), strict=True)),
         peer=kernels["peer"].to_numpy(np.int32) if "peer" in kernels else None,
     )
@@ -145,8 +159,53 @@ def first_problem(profile: Profile, rank: int = 0) -> PlanProblem | None:
         return None
     p = problem_from_profile(profile.first, rank)
     keep = ~(p.reads_back & (p.end_op >= p.num_ops))
+    # Nothing was kept before iteration 0: no period of it is unchanged.
     return replace(p, tensor_id=p.tensor_id[keep], size_bytes=p.size_bytes[keep], kind=p.kind[keep],
-                   start_op=p.start_op[keep], end_op=p.end_op[keep], reads_back=p.reads_back[keep])
+                   start_op=p.start_op[keep], end_op=p.end_op[keep], reads_back=p.reads_back[keep],
+                   unchanged=None)
+
+
+def previous_periods(tensor_id: np.ndarray, start_op: np.ndarray) -> np.ndarray:
+    """(num_periods,) int64: the index of each period's previous one of the same storage, in the
+    storage's cyclic order by ``start_op`` (its last one for its first; itself for a storage of one)."""
+    order = np.lexsort((start_op, tensor_id))
+    tid = tensor_id[order]
+    first = np.r_[True, tid[1:] != tid[:-1]]
+    group_first = np.flatnonzero(first)
+    group_last = np.r_[group_first[1:], len(tid)] - 1
+    prev_pos = np.arange(len(tid)) - 1
+    group = np.cumsum(first) - 1
+    prev_pos[first] = group_last[group[first]]
+    out = np.empty(len(tid), np.int64)
+    out[order] = order[prev_pos] if len(tid) else order
+    return out
+
+
+def unchanged_periods(periods: pd.DataFrame, accesses: pd.DataFrame, num_ops: int) -> np.ndarray:
+    """(num_periods,) bool of ``periods`` (``tensor_id, start_op, end_op, reads_back``): NOTE [
+    Unchanged periods ], from the ``write`` rows of ``accesses`` (an output is a write too)."""
+    tid = periods["tensor_id"].to_numpy(np.int64)
+    start = periods["start_op"].to_numpy(np.int64)
+    end = periods["end_op"].to_numpy(np.int64)
+    back = periods["reads_back"].to_numpy(bool)
+    if len(tid) == 0 or num_ops == 0:
+        return np.zeros(len(tid), bool)
+    prev = previous_periods(tid, start)
+    # The stretch from the previous period's end to this one's start, on the unrolled axis:
+    # the storage's first period's previous one is a whole iteration earlier.
+    wrap = start[prev] >= start
+    lo = end[prev] - np.where(wrap, num_ops, 0)
+    writes = accesses[accesses["access"] == "write"]
+    codes, uniq = pd.factorize(pd.Series(np.r_[tid, writes["tensor_id"].to_numpy(np.int64)]))
+    period_code, write_code = codes[:len(tid)], codes[len(tid):]
+    wop = writes["op_index"].to_numpy(np.int64)
+    # Every write three times (an iteration before, this one, the next), keyed by storage then op.
+    span = 4 * num_ops
+    keys = np.sort(np.concatenate([write_code * span + wop + shift
+                                   for shift in (0, num_ops, 2 * num_ops)]))
+    base = period_code * span + num_ops
+    count = np.searchsorted(keys, base + start, "right") - np.searchsorted(keys, base + lo, "left")
+    return back[prev] & (count == 0) & (lo <= start) & (start - lo < num_ops)
 
 
 def cyclic_add(out: np.ndarray, begin: np.ndarray, end: np.ndarray, value: np.ndarray) -> None:

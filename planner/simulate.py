@@ -22,6 +22,12 @@ in ``planner.problem``) is never prefetched: at its ``end_op`` the storage
 dies, the memory curve no longer counts it, and its offloaded copy (host
 buffer included) is dropped; an offload still in flight then is cancelled.
 
+A prefetch with ``keep_copy`` leaves its copy where it was (held in host
+memory as before), and the storage's next offload with ``reuse_copy`` then
+frees it at once, writing nothing; where no copy is kept yet (the first
+iteration), that offload writes as any other (NOTE [ Copies kept ] in
+``planner.clean``).
+
 On a CPU the cores that train also copy: NOTE [ Copies on the compute ].
 
 The plan repeats every iteration; ``num_iterations`` consecutive iterations
@@ -168,6 +174,11 @@ class _Sim:
         self.size = [float(m.size_bytes) for m in moves]
         self.host = [m.target == "host" for m in moves]
         self.reads_back = [m.reads_back for m in moves]
+        # NOTE [ Copies kept ]: per storage, whether a prefetch kept its copy (not yet reused)
+        self.tensor = [m.tensor_id for m in moves]
+        self.reuse = [m.reuse_copy for m in moves]
+        self.keep = [m.keep_copy for m in moves]
+        self.kept: dict[int, int] = {}  # storage -> the move whose prefetch kept its copy
         self.write_ch = ["host_write" if h else "ssd_write" for h in self.host]
         self.read_ch = ["host_read" if h else "ssd_read" for h in self.host]
         self.key_off = [(0 if m.urgent_offload else 1, m.priority) for m in moves]
@@ -246,7 +257,9 @@ class _Sim:
                 self.offloaded += self.size[m]
         else:
             self.state[inst] = _BACK
-            if self.host[m]:
+            if self.keep[m]:
+                self.kept[self.tensor[m]] = m  # its host copy stays held
+            elif self.host[m]:
                 self.host_used -= self.size[m]
 
     def _top(self, channel: str) -> int | None:
@@ -267,6 +280,15 @@ class _Sim:
     def _start_offload(self, inst: int) -> None:
         m = inst % self.nm
         tid = inst * 2
+        keeper = self.kept.pop(self.tensor[m], -1)
+        if keeper >= 0:
+            if self.reuse[m] and self.host[keeper] == self.host[m]:  # NOTE [ Copies kept ]: nothing written
+                self.state[inst] = _OUT
+                self.offloaded += self.size[m]
+                self.t_start[tid] = self.t_end[tid] = self.now
+                return
+            if self.host[keeper]:  # a copy kept for no reuse is dropped
+                self.host_used -= self.size[keeper]
         self.state[inst] = _OFFLOADING
         self.remaining[tid] = self.size[m] + self.lat_bytes[self.write_ch[m]]
         self.t_start[tid] = self.now

@@ -68,6 +68,7 @@ class _Entry:
     job: Job | None = None
     touched: bool = False  # accessed while its offload was in flight: keep it
     keep_copy: bool = False  # a read that leaves the backend's copy (``resident_for``)
+    keep_for_reuse: bool = False  # a planned read whose copy waits for the next offload (NOTE [ Copies kept ])
 
 
 @dataclass
@@ -92,6 +93,8 @@ class RunStats:
     not_resizable: list[str] = field(default_factory=list)  # planned tensors kept: not freeable
     save_fetches: int = 0  # offloaded tensors brought back for a torch.save (and freed again)
     other_sizes: int = 0  # planned offloads left out: their storage had another size
+    reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
+    dropped_copies: int = 0  # kept copies an op wrote over before their offload came
 
 
 # NOTE [ Copy streams ]: a worker's device copies run on a CUDA stream of its own
@@ -143,6 +146,8 @@ class PlanExecutor(OpStream):
         self.engine = engine
         self._writes: deque[_Entry] = deque()  # offloads in flight, oldest first
         self.moved: dict[int, _Entry] = {}
+        # NOTE [ Copies kept ] in planner.clean: copies of resident storages, still good
+        self.copies: dict[int, _Entry] = {}
         self.sizes: dict[int, int] = {}
         self.stats = RunStats()
         self.first_left_at: str | None = None  # where iteration 0 left its plan
@@ -179,6 +184,10 @@ class PlanExecutor(OpStream):
                 entry = self.moved.get(tid)
                 if entry is not None:
                     self._make_resident(tid, entry)
+        if self.copies:
+            for tid, _, written in inputs:
+                if written and tid in self.copies:
+                    self._drop_copy(tid, written_over=True)
         # after the inputs: a fetch on demand made room for itself alone (NOTE [ Room ])
         schedule = self.schedule
         if schedule is not None and index < len(schedule.made_bytes) and schedule.made_bytes[index]:
@@ -186,8 +195,9 @@ class PlanExecutor(OpStream):
         return func(*args, **kwargs)
 
     def run_uncounted(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """An uncounted op (data loading) still never touches a freed storage."""
-        if self.moved:
+        """An uncounted op (data loading) still never touches a freed storage, nor leaves a kept
+        copy of a storage it may write (its schema is not looked at: any it touches)."""
+        if self.moved or self.copies:
             for tensor in _tensors(args, kwargs):
                 try:
                     tid = self.ids.get(tensor.untyped_storage())
@@ -196,6 +206,8 @@ class PlanExecutor(OpStream):
                 entry = self.moved.get(tid) if tid is not None else None
                 if tid is not None and entry is not None:
                     self._make_resident(tid, entry)
+                if tid is not None and tid in self.copies:
+                    self._drop_copy(tid, written_over=True)
         return func(*args, **kwargs)
 
     def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
@@ -216,6 +228,8 @@ class PlanExecutor(OpStream):
             stats.peak_tracked_bytes = stats.tracked_bytes
 
     def on_free(self, tensor_id: int) -> None:
+        if tensor_id in self.copies:
+            self._drop_copy(tensor_id)
         entry = self.moved.pop(tensor_id, None)
         n = self.sizes.pop(tensor_id, 0)
         if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
@@ -265,7 +279,8 @@ class PlanExecutor(OpStream):
                                               f"bytes, the plan expects {m.size_bytes}")
                 return
             self._offloads_started += 1
-            self._offload(tid, storage, m.place, m.urgent, m.name, m.priority)
+            if not (m.reuse_copy and self._reuse_copy(tid, storage, m.place)):
+                self._offload(tid, storage, m.place, m.urgent, m.name, m.priority)
             return
         if tid not in self.moved and tid in self.plan_ids:
             tid = self.plan_ids[tid]
@@ -275,6 +290,7 @@ class PlanExecutor(OpStream):
         if entry.state is Residency.OFFLOADING:
             self._needed_again(entry)
         elif entry.state in (Residency.SSD, Residency.HOST):
+            entry.keep_for_reuse = m.keep_copy
             self._fetch(tid, entry, m.urgent, priority=m.priority)
 
     # ---- transfers ---------------------------------------------------------------
@@ -291,6 +307,8 @@ class PlanExecutor(OpStream):
                             "shared memory or DLPack, or another library resizes it, as FSDP2 does its "
                             "unsharded parameters), so it stays in memory; so does every such tensor")
             return
+        if tid in self.copies:
+            self._drop_copy(tid)
         backend = self.backends[target]
         key = next(self._keys)
         src = byte_view(storage)
@@ -333,6 +351,38 @@ class PlanExecutor(OpStream):
         entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, _off_stream(work, dst), urgent,
                                            entry.target, priority))
         entry.state = Residency.FETCHING
+
+    # NOTE [ Copies kept ] in planner.clean: a planned prefetch may leave its copy in the backend
+    # (``keep_copy``); the copy stays good until an op writes the storage (an argument its
+    # schema marks as written, or any argument of an uncounted op), the storage dies, or it goes
+    # out again. The storage's next planned offload with ``reuse_copy`` then frees it without
+    # writing; without a good copy it writes as any other.
+    def _reuse_copy(self, tid: int, storage: torch.UntypedStorage, target: str) -> bool:
+        """Free ``storage`` against its kept copy on ``target``, writing nothing; False (the copy,
+        if any, dropped) where there is none that still holds its bytes there."""
+        entry = self.copies.pop(tid, None)
+        if entry is None:
+            return False
+        if (entry.target != target or entry.nbytes != storage.nbytes() or entry.storage() is not storage
+                or not storage.resizable() or storage in self.foreign_resized):
+            entry.backend.delete(entry.key)
+            return False
+        try:
+            free_storage(storage)
+        except RuntimeError:  # it became unresizable: write it as any other (which says so)
+            entry.backend.delete(entry.key)
+            return False
+        self.stats.tracked_bytes -= entry.nbytes
+        self.stats.reused_offloads += 1
+        entry.touched = entry.keep_copy = False
+        entry.state = Residency.HOST if target == "host" else Residency.SSD
+        self.moved[tid] = entry
+        return True
+
+    def _drop_copy(self, tid: int, written_over: bool = False) -> None:
+        entry = self.copies.pop(tid)
+        entry.backend.delete(entry.key)
+        self.stats.dropped_copies += written_over
 
     def _await(self, job: Job) -> None:
         """Wait for ``job`` to finish; a transfer that never does ends the run with an error."""
@@ -488,7 +538,11 @@ class PlanExecutor(OpStream):
             errors.append(error)
             return
         self._count(job)
-        if not entry.keep_copy:
+        if entry.keep_for_reuse and not entry.keep_copy:
+            entry.keep_for_reuse = False
+            entry.state = Residency.DEVICE
+            self.copies[tid] = entry  # NOTE [ Copies kept ]: until an op writes it or it goes out
+        elif not entry.keep_copy:
             entry.backend.delete(entry.key)
         del self.moved[tid]
 
@@ -528,6 +582,8 @@ class PlanExecutor(OpStream):
                 entry.backend.delete(entry.key)
                 del self.moved[tid]
         self._drain(errors)
+        for tid in list(self.copies):  # every storage is resident: its copy is not needed
+            self._drop_copy(tid)
 
     def _storages_in(self, obj: Any) -> list[torch.UntypedStorage | None]:
         """Every storage of a tensor reachable from ``obj`` as pickle would walk it."""
@@ -594,6 +650,7 @@ class PlanExecutor(OpStream):
         self._renamed = new_ids
         self.sizes = {new_ids.get(t, t): n for t, n in self.sizes.items()}
         self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
+        self.copies = {new_ids.get(t, t): e for t, e in self.copies.items()}
         for entry in self.moved.values():
             if entry.job is not None:
                 entry.job.tensor_id = new_ids.get(entry.job.tensor_id, entry.job.tensor_id)

@@ -11,12 +11,14 @@ from profiles import Profile
 
 
 def make_profile(durations: list[float], tensors: list[dict], accesses: list[tuple[int, int]],
-                 phases: list[str] | None = None, modules: list[str | None] | None = None) -> Profile:
+                 phases: list[str] | None = None, modules: list[str | None] | None = None,
+                 access: str = "write") -> Profile:
     """A one-rank, one-iteration profile.
 
     ``tensors``: dicts with tensor_id, size_bytes and optionally kind, persistent,
     alloc_op, free_op (default: persistent, alive all iteration). ``accesses``:
-    (op_index, tensor_id) pairs, all reads.
+    (op_index, tensor_id) pairs, all of kind ``access``: by default writes, so that no period is
+    unchanged (NOTE [ Unchanged periods ] in ``planner.problem``) unless a test asks for reads.
     """
     n = len(durations)
     starts = [sum(durations[:i]) for i in range(n)]
@@ -28,7 +30,7 @@ def make_profile(durations: list[float], tensors: list[dict], accesses: list[tup
     rows = [{"rank": 0, "kind": "activation", "dtype": "float32", "name": None, "persistent": True,
              "alloc_op": -1, "free_op": -1, **t} for t in tensors]
     accs = pd.DataFrame({"rank": 0, "iteration": 1, "op_index": [a[0] for a in accesses],
-                         "tensor_id": [a[1] for a in accesses], "access": "read"})
+                         "tensor_id": [a[1] for a in accesses], "access": access})
     return Profile(meta={"signature": "test"}, kernels=kernels, tensors=pd.DataFrame(rows), accesses=accs)
 
 

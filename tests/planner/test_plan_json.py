@@ -32,7 +32,7 @@ def test_round_trip(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
     back = load_plan(path)
     assert back == plan
     doc = json.loads(path.read_text())
-    assert doc["format"] == "teraio-plan/3"
+    assert doc["format"] == "teraio-plan/4"
     assert set(doc) >= {"signature", "parameters", "summary", "ranks", "op_names", "num_ops", "made_bytes"}
     assert set(doc["summary"]) >= {"peak_before_bytes", "peak_after_bytes", "predicted_iteration_us",
                                    "ideal_iteration_us", "stall_us", "bytes_to_ssd", "bytes_to_host"}

@@ -150,6 +150,26 @@ def test_bit_identical_with_offloading(plan: Plan, backend: str, tmp_path: Path)
     assert not list(tmp_path.iterdir())  # swap directory removed
 
 
+@pytest.mark.parametrize("backend", ["posix", "host"])
+def test_kept_copies_are_reused_only_while_nothing_writes_the_storage(plan: Plan, backend: str,
+                                                                       tmp_path: Path) -> None:
+    """NOTE [ Copies kept ]: every prefetch keeps its copy and every offload would reuse one, far
+    beyond what the planner marks (it marks only unchanged periods): a parameter's offload after
+    its backward use reuses the copy its prefetch kept, while Adam's writes to the parameters and
+    moments, and a gradient's accumulation, drop theirs and write again. Bit for bit all the same."""
+    expected = train(6)
+    with offload(plan, backend=backend, swap_dir=tmp_path) as ex:
+        normal = train(6)
+    steady = {r: [dataclasses.replace(m, keep_copy=m.action == "prefetch", reuse_copy=m.action == "offload")
+                  for m in ms] for r, ms in plan.migrations.items()}
+    with offload(dataclasses.replace(plan, migrations=steady), backend=backend, swap_dir=tmp_path) as kept:
+        reused = train(6)
+    assert same(normal, expected) and same(reused, expected)
+    assert kept.stats.reused_offloads > 0 and kept.stats.dropped_copies > 0
+    assert sum(kept.stats.bytes_written.values()) < sum(ex.stats.bytes_written.values())
+    assert not kept.copies and not list(tmp_path.iterdir())  # every copy dropped at the end
+
+
 def test_a_rank_the_plan_has_no_section_for_is_refused(plan: Plan, tmp_path: Path) -> None:
     """Through the API too (`teraio run` checks it first): such a rank would train with nothing
     moved. Refused before any thread starts or swap directory is made."""
