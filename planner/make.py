@@ -137,7 +137,8 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
     p, sim, moves = rank_plan.problem, rank_plan.sim, rank_plan.moves
     to = {"ssd": 0, "host": 0}
     for mv in moves:
-        to[mv.target] += mv.size_bytes
+        if not mv.reuse_copy:  # NOTE [ Copies kept ]: freed against its kept copy, nothing written
+            to[mv.target] += mv.size_bytes
     util = sim.utilisation()
     bound = iteration_bound(p, hw)
     return {
@@ -166,6 +167,8 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
         "num_urgent": sum(mv.urgent_offload + mv.urgent_prefetch for mv in moves),
         "bytes_to_ssd": to["ssd"],
         "bytes_to_host": to["host"],
+        "bytes_reused": sum(mv.size_bytes for mv in moves if mv.reuse_copy),
+        "num_reused": sum(mv.reuse_copy for mv in moves),
         "host_peak_bytes": sim.host_peak_bytes,
         "bandwidth_utilisation": util,
     }

@@ -178,8 +178,10 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
         print(f"            of which copies and transfers on the compute {s['copy_charge_us'] / 1e3:,.2f} ms, "
               f"the runtime's per-op cost {s['op_overhead_us'] / 1e3:,.2f} ms, faulting memory in again "
               f"{s['refault_us'] / 1e3:,.2f} ms")
+    reused = (f"; {s['num_reused']:,} offloads ({_mib(s['bytes_reused'])}) free their tensor against the copy "
+              "its last prefetch kept, writing nothing" if s.get("num_reused") else "")
     print(f"moved       {_mib(s['bytes_to_ssd'])} to SSD, {_mib(s['bytes_to_host'])} to host per iteration; "
-          f"{s['num_migrations']:,} migrations ({s['num_urgent']:,} urgent)")
+          f"{s['num_migrations']:,} migrations ({s['num_urgent']:,} urgent){reused}")
     u = s["bandwidth_utilisation"]
     print(f"bandwidth   SSD write {_pct(u['ssd_write'])}, SSD read {_pct(u['ssd_read'])}, "
           f"host write {_pct(u['host_write'])}, host read {_pct(u['host_read'])} of the iteration")
@@ -330,7 +332,7 @@ def plan(
 
     Prints peak memory before and after against the capacity, the predicted
     iteration time against the ideal (infinite memory) time, stalls, bytes
-    moved and bandwidth use, and writes the plan (format teraio-plan/3, docs/formats.md).
+    moved and bandwidth use, and writes the plan (format teraio-plan/4, docs/formats.md).
     Exit codes: 0 done, 2 bad input (options, profile, a capacity no plan can
     meet).
     """

@@ -30,7 +30,9 @@ def _summary(r: dict[str, Any]) -> str:
         if r["measured_iteration_s"] else "no complete iteration",
         f"stalls {r['stalls']} ({r['stall_s'] * 1e3:,.1f} ms), on-demand fetches "
         f"{r['on_demand_fetches']}, written {_mib(sum(r['bytes_written'].values()))}, read "
-        f"{_mib(sum(r['bytes_read'].values()))}",
+        f"{_mib(sum(r['bytes_read'].values()))}"
+        + (f", {r['reused_offloads']} offloads wrote nothing (their kept copy was good)"
+           if r.get("reused_offloads") else ""),
     ]
     if r["unfollowed_iterations"]:
         its = ", ".join(str(u["iteration"]) for u in r["unfollowed_iterations"])
