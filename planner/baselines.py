@@ -230,7 +230,8 @@ def checkpointed(problem: PlanProblem, profile: Profile, rank: int = 0) -> PlanP
     keep[rows] = False
     return replace(problem, memory_bytes=memory, duration_us=duration, tensor_id=problem.tensor_id[keep],
                    size_bytes=problem.size_bytes[keep], kind=problem.kind[keep], start_op=problem.start_op[keep],
-                   end_op=problem.end_op[keep], reads_back=problem.reads_back[keep])
+                   end_op=problem.end_op[keep], reads_back=problem.reads_back[keep],
+                   unchanged=None if problem.unchanged is None else problem.unchanged[keep])
 
 
 def zero_problem(profile: Profile, hw: Hardware, rank: int = 0) -> tuple[PlanProblem, str]:

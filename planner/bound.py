@@ -3,7 +3,8 @@
 NOTE [ Transfer bound ]: take any plan that fits (the simulator's model,
 ``planner.simulate``: a tensor's bytes are free once its offload completes and
 counted again from the moment its prefetch starts; every prefetch reads the
-whole tensor, every offload writes it but where a copy is reused) and a *window*, a run of ops ``[a, b]``.
+whole tensor, every offload writes it unless it reuses a kept copy) and a
+*window*, a run of ops ``[a, b]``.
 Cut the iteration at the moment each window's first op is reached (before its
 stall); the windows' stretches of time partition the iteration, and each is at
 least its ops' compute time. Within the stretch of ``[a, b]``:

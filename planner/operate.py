@@ -25,8 +25,9 @@ def ssd_wear(bytes_to_ssd_per_iteration: int, iteration_us: float,
              endurance_pbw: float = DEFAULT_SSD_ENDURANCE_PBW) -> dict[str, Any]:
     """SSD bytes written per iteration and per day at ``iteration_us``, and the drive's life.
 
-    Every offload to the SSD writes its tensor once per iteration; prefetches
-    only read. ``ssd_life_years`` is None when nothing is written.
+    ``bytes_to_ssd_per_iteration``: what the offloads to the SSD write each iteration (one that
+    reuses a kept copy writes nothing: NOTE [ Copies kept ] in ``planner.clean``); prefetches only
+    read. ``ssd_life_years`` is None when nothing is written.
     """
     if not endurance_pbw > 0:
         raise ValueError(f"the SSD endurance must be positive, not {endurance_pbw} PBW")

@@ -26,7 +26,8 @@ NOTE [ Unchanged periods ]: a period is *unchanged* when the previous period
 of its storage (the one before it in the storage's cyclic order of periods,
 the last one an iteration earlier for its first) reads back and no op writes
 the storage from that period's ``end_op`` through this one's ``start_op``:
-the storage holds the same bytes it held when it went out last. A copy of it
+the storage (alive throughout: its making and freeing count as writes) holds
+the same bytes it held when it went out last. A copy of it
 kept since that prefetch is still good, so its offload need not write
 anything (NOTE [ Copies kept ] in ``planner.clean``). Parameters read in
 forward and backward are so; gradients accumulated, optimizer state and
@@ -140,7 +141,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
         start_op=periods["start_op"].to_numpy(np.int64),
         end_op=periods["end_op"].to_numpy(np.int64),
         reads_back=periods["reads_back"].to_numpy(bool),
-        unchanged=unchanged_periods(periods, profile.accesses_of(rank, iteration), num_ops),
+        unchanged=unchanged_periods(periods, profile.accesses_of(rank, iteration), num_ops, tensors),
         names=dict(zip(named["tensor_id"].astype(int), named["name"].astype(str), strict=True)),
         peer=kernels["peer"].to_numpy(np.int32) if "peer" in kernels else None,
     )
@@ -181,9 +182,13 @@ def previous_periods(tensor_id: np.ndarray, start_op: np.ndarray) -> np.ndarray:
     return out
 
 
-def unchanged_periods(periods: pd.DataFrame, accesses: pd.DataFrame, num_ops: int) -> np.ndarray:
+def unchanged_periods(periods: pd.DataFrame, accesses: pd.DataFrame, num_ops: int,
+                      tensors: pd.DataFrame | None = None) -> np.ndarray:
     """(num_periods,) bool of ``periods`` (``tensor_id, start_op, end_op, reads_back``): NOTE [
-    Unchanged periods ], from the ``write`` rows of ``accesses`` (an output is a write too)."""
+    Unchanged periods ], from the ``write`` rows of ``accesses`` (an output is a write too) and,
+    as writes, the ops at which ``tensors`` (``tensor_id, alloc_op, free_op``) are made or freed:
+    a storage that died in between is not the one that went out (an input made outside any op
+    has no write)."""
     tid = periods["tensor_id"].to_numpy(np.int64)
     start = periods["start_op"].to_numpy(np.int64)
     end = periods["end_op"].to_numpy(np.int64)
@@ -196,9 +201,14 @@ def unchanged_periods(periods: pd.DataFrame, accesses: pd.DataFrame, num_ops: in
     wrap = start[prev] >= start
     lo = end[prev] - np.where(wrap, num_ops, 0)
     writes = accesses[accesses["access"] == "write"]
-    codes, uniq = pd.factorize(pd.Series(np.r_[tid, writes["tensor_id"].to_numpy(np.int64)]))
+    w_tid, wop = writes["tensor_id"].to_numpy(np.int64), writes["op_index"].to_numpy(np.int64)
+    if tensors is not None:
+        for col in ("alloc_op", "free_op"):
+            at = tensors[tensors[col] >= 0]
+            w_tid = np.r_[w_tid, at["tensor_id"].to_numpy(np.int64)]
+            wop = np.r_[wop, at[col].to_numpy(np.int64)]
+    codes, _ = pd.factorize(pd.Series(np.r_[tid, w_tid]))
     period_code, write_code = codes[:len(tid)], codes[len(tid):]
-    wop = writes["op_index"].to_numpy(np.int64)
     # Every write three times (an iteration before, this one, the next), keyed by storage then op.
     span = 4 * num_ops
     keys = np.sort(np.concatenate([write_code * span + wop + shift

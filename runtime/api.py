@@ -86,7 +86,7 @@ def _sweep(swap_dir: str | os.PathLike[str] | None) -> None:
 def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[str] | None = None,
             backend: str = "auto", host_mem_bytes: int | None = None,
             report: str | os.PathLike[str] | None = None, num_workers: int = 2,
-            rank: int | None = None) -> Iterator[PlanExecutor]:
+            rank: int | None = None, reuse_copies: bool | None = None) -> Iterator[PlanExecutor]:
     """Train under ``plan``: the body's ops run with the plan's transfers carried out.
 
     Results are bit-identical to running the body without it. Every tensor
@@ -95,7 +95,10 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     cannot be brought back at exit keeps its bytes in a ``teraio-kept-*``
     directory, and ``SwapKeptError`` names them (chained to the exception that
     ended the block, if one did). ``rank``: which rank's section of the plan to
-    follow; by default torchrun's ``RANK`` (0 outside a job).
+    follow; by default torchrun's ``RANK`` (0 outside a job). ``reuse_copies`` false: every
+    offload writes, none reuses a copy its prefetch kept (NOTE [ Copies kept ] in
+    ``planner.clean``; by default true unless ``TERAIO_REUSE_COPIES=0``): for a script that
+    writes tensors where teraio's dispatch mode cannot see it.
     """
     if rank is None:
         rank = int(os.environ.get("RANK", 0))
@@ -125,7 +128,9 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     try:
         backends = make_backends(backend, swap_dir, min(host_bytes, MAX_HOST_POOL_BYTES))
         engine = MigrationEngine(num_workers)
-        executor = PlanExecutor(run_plan, backends, engine, rank)
+        if reuse_copies is None:
+            reuse_copies = os.environ.get("TERAIO_REUSE_COPIES", "1") != "0"
+        executor = PlanExecutor(run_plan, backends, engine, rank, reuse_copies=reuse_copies)
         old_term = _term_as_exit()
         reset_peak_rss()
         t0 = time.perf_counter()

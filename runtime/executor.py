@@ -133,10 +133,11 @@ class PlanExecutor(OpStream):
     """Carries out ``plan``'s migrations of ``rank``; see the module docstring."""
 
     def __init__(self, plan: Plan, backends: dict[str, Backend], engine: MigrationEngine,
-                 rank: int = 0) -> None:
+                 rank: int = 0, reuse_copies: bool = True) -> None:
         super().__init__()
         self.plan = plan
         self.rank = rank
+        self.reuse_copies = reuse_copies  # False: every offload writes (NOTE [ Copies kept ])
         self.steady = Schedule.of(plan, rank)
         first = plan.first
         self.first = Schedule.of(first, rank) if first is not None and rank in first.op_names else None
@@ -251,6 +252,8 @@ class PlanExecutor(OpStream):
     def _leave(self, where: str) -> None:
         """Run the rest of this iteration on demand (NOTE [ Boundaries ] in runtime.boundary)."""
         self.schedule = None
+        for tid in list(self.copies):  # kept copies hold host memory no plan now counts
+            self._drop_copy(tid)
         if self.iteration == 0:
             self.first_left_at = f"iteration 0, {where}"
             hint = (" (its plan starts at the script's first op, as `teraio profile` and "
@@ -279,7 +282,7 @@ class PlanExecutor(OpStream):
                                               f"bytes, the plan expects {m.size_bytes}")
                 return
             self._offloads_started += 1
-            if not (m.reuse_copy and self._reuse_copy(tid, storage, m.place)):
+            if not (m.reuse_copy and self.reuse_copies and self._reuse_copy(tid, storage, m.place)):
                 self._offload(tid, storage, m.place, m.urgent, m.name, m.priority)
             return
         if tid not in self.moved and tid in self.plan_ids:
@@ -290,7 +293,7 @@ class PlanExecutor(OpStream):
         if entry.state is Residency.OFFLOADING:
             self._needed_again(entry)
         elif entry.state in (Residency.SSD, Residency.HOST):
-            entry.keep_for_reuse = m.keep_copy
+            entry.keep_for_reuse = m.keep_copy and self.reuse_copies
             self._fetch(tid, entry, m.urgent, priority=m.priority)
 
     # ---- transfers ---------------------------------------------------------------
@@ -354,9 +357,12 @@ class PlanExecutor(OpStream):
 
     # NOTE [ Copies kept ] in planner.clean: a planned prefetch may leave its copy in the backend
     # (``keep_copy``); the copy stays good until an op writes the storage (an argument its
-    # schema marks as written, or any argument of an uncounted op), the storage dies, or it goes
-    # out again. The storage's next planned offload with ``reuse_copy`` then frees it without
-    # writing; without a good copy it writes as any other.
+    # schema marks as written, or any argument of an uncounted op), the storage dies, it goes
+    # out again or the iteration leaves its plan. The storage's next planned offload with
+    # ``reuse_copy`` then frees it without writing; without a good copy it writes as any other.
+    # A write this dispatch mode does not see (an op on another Python thread, an extension's
+    # kernel called directly, a CUDA graph replayed) would be lost: ``reuse_copies`` false
+    # (`teraio run --no-reuse-copies`) writes every offload.
     def _reuse_copy(self, tid: int, storage: torch.UntypedStorage, target: str) -> bool:
         """Free ``storage`` against its kept copy on ``target``, writing nothing; False (the copy,
         if any, dropped) where there is none that still holds its bytes there."""
@@ -367,16 +373,20 @@ class PlanExecutor(OpStream):
                 or not storage.resizable() or storage in self.foreign_resized):
             entry.backend.delete(entry.key)
             return False
+        # NOTE [ Interrupts ]: in ``moved`` before the storage is freed (a freed storage with no
+        # job is read back at exit), out only once it is.
+        entry.touched = entry.keep_copy = False
+        entry.state = Residency.DEVICE
+        self.moved[tid] = entry
         try:
             free_storage(storage)
         except RuntimeError:  # it became unresizable: write it as any other (which says so)
+            del self.moved[tid]
             entry.backend.delete(entry.key)
             return False
         self.stats.tracked_bytes -= entry.nbytes
         self.stats.reused_offloads += 1
-        entry.touched = entry.keep_copy = False
         entry.state = Residency.HOST if target == "host" else Residency.SSD
-        self.moved[tid] = entry
         return True
 
     def _drop_copy(self, tid: int, written_over: bool = False) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -89,6 +90,12 @@ def run(
                     "its own section of the plan. Inside a torchrun job (`torchrun ... -m teraio "
                     "run ...`) teraio reads the rank from the environment instead.",
         show_default=False)] = None,
+    reuse_copies: Annotated[bool, typer.Option(
+        help="Free a tensor that goes out again unchanged against the copy its prefetch kept, "
+             "writing nothing (the plan's reuse_copy; teraio drops a copy when an op writes the "
+             "tensor). --no-reuse-copies writes every offload: for a script that writes tensors "
+             "where teraio cannot see it (from another thread, an extension's kernel called "
+             "directly, a CUDA graph replayed).")] = True,
 ) -> None:
     """Run SCRIPT with the plan carried out: same results, less memory.
 
@@ -119,6 +126,8 @@ def run(
     except (ValueError, PlanFormatError) as exc:
         fail(str(exc))
     rank, world_size = job_place()
+    if not reuse_copies:  # the job's ranks read it too
+        os.environ["TERAIO_REUSE_COPIES"] = "0"
     if nproc is not None:
         _launch_job(nproc, world_size, swap_dir)
         return

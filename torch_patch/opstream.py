@@ -109,17 +109,25 @@ class OpInfo:
 
 
 # NOTE [ Collectives ]: no c10d schema marks what it writes (docs/distributed-notes.md):
-# these arguments of c10d ops (all but send) and of FSDP2's copy-in op are written.
-_COLLECTIVE_WRITES = frozenset({"tensors", "output_tensors", "output_tensor", "output"})
+# every tensor argument of a c10d op (all but send) whose name does not start with "input" is
+# counted as written (``tensors``, ``output_tensors``, ``outputs``, ``output_lists``...), and
+# these of FSDP2's copy-in op. A write missed here would let a kept copy be reused over it
+# (NOTE [ Copies kept ] in planner.clean).
 _OTHER_WRITES = {"fsdp.all_gather_copy_in.default": frozenset({"all_gather_output"})}
+# Batch norm's ops update the running statistics in place though their schemas do not say so
+# (aten::native_batch_norm, cudnn_batch_norm, batch_norm_update_stats... in torch 2.13): an argument
+# of these names counts as written, in any op.
+_RUNNING_STATS = frozenset({"running_mean", "running_var", "running_min", "running_max"})
 
 
 def _op_info(func: Any) -> OpInfo:
     args = func._schema.arguments
     writes = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
-    named = _COLLECTIVE_WRITES if func.namespace == "c10d" and func._schema.name != "c10d::send" \
-        else _OTHER_WRITES.get(str(func), frozenset())
-    writes += [i for i, a in enumerate(args) if a.name in named and i not in writes]
+    if func.namespace == "c10d" and func._schema.name != "c10d::send":
+        named = frozenset(a.name for a in args if not a.name.startswith("input"))
+    else:
+        named = _OTHER_WRITES.get(str(func), frozenset())
+    writes += [i for i, a in enumerate(args) if (a.name in named or a.name in _RUNNING_STATS) and i not in writes]
     # prim::device and friends are metadata queries that only tensor subclasses (fake
     # tensors) send through dispatch modes: no op, no data, not counted.
     skip = func.namespace in ("profiler", "prim")
@@ -225,6 +233,10 @@ class OpStream(TorchDispatchMode):
                 for b in a:
                     if isinstance(b, _Tensor):
                         pos = self._input(index, pos, b, w, inputs, ids)
+                    elif isinstance(b, (list, tuple)):  # Tensor[][] (c10d allgather_, gather_)
+                        for c in b:
+                            if isinstance(c, _Tensor):
+                                pos = self._input(index, pos, c, w, inputs, ids)
         for key, a in kwargs.items():
             if isinstance(a, _Tensor):
                 pos = self._input(index, pos, a, key in info.mutable_kwargs, inputs, ids)
@@ -233,6 +245,10 @@ class OpStream(TorchDispatchMode):
                 for b in a:
                     if isinstance(b, _Tensor):
                         pos = self._input(index, pos, b, w, inputs, ids)
+                    elif isinstance(b, (list, tuple)):
+                        for c in b:
+                            if isinstance(c, _Tensor):
+                                pos = self._input(index, pos, c, w, inputs, ids)
 
         out = self.run_op(index, func, args, kwargs, inputs)
 

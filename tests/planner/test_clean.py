@@ -58,6 +58,17 @@ def test_a_period_is_unchanged_when_nothing_wrote_its_storage_since_the_last_one
     assert prev[period(problem, 0, 4)] == period(problem, 0, 0)
 
 
+def test_a_storage_made_again_is_not_the_one_that_went_out() -> None:
+    # T is made at op 5 (first seen as an input: no write), read at 50 and 150, and freed at 151,
+    # right after its last read (no trailing period): its first period follows its death.
+    prof = make_profile([10.0] * 200, [{"tensor_id": 0, "size_bytes": SIZE, "persistent": False,
+                                        "alloc_op": 5, "free_op": 151}], [(5, 0), (50, 0), (150, 0)],
+                        access="read")
+    problem = problem_from_profile(prof)
+    assert problem.unchanged is not None
+    assert not problem.unchanged[period(problem, 0, 5)] and problem.unchanged[period(problem, 0, 50)]
+
+
 def test_kept_copies_write_a_weight_once_an_iteration() -> None:
     problem = problem_from_profile(weight_profile())
     moves = [mv for mv in moves_of(problem) if mv.tensor_id == 0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -168,6 +169,39 @@ def test_kept_copies_are_reused_only_while_nothing_writes_the_storage(plan: Plan
     assert kept.stats.reused_offloads > 0 and kept.stats.dropped_copies > 0
     assert sum(kept.stats.bytes_written.values()) < sum(ex.stats.bytes_written.values())
     assert not kept.copies and not list(tmp_path.iterdir())  # every copy dropped at the end
+
+
+def test_a_ctrl_c_as_a_kept_copy_is_reused_loses_nothing(plan: Plan, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Interrupts ]: a Ctrl-C right after a storage is freed against its kept copy still has
+    it brought back at exit (it was lost: neither moved nor kept)."""
+    import runtime.executor as rex
+
+    real_free, fired = rex.free_storage, []
+
+    def free_then_interrupt(storage: torch.UntypedStorage) -> None:
+        real_free(storage)
+        if sys._getframe(1).f_code.co_name == "_reuse_copy" and not fired:
+            fired.append(True)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(rex, "free_storage", free_then_interrupt)
+    steady = {r: [dataclasses.replace(m, keep_copy=m.action == "prefetch", reuse_copy=m.action == "offload")
+                  for m in ms] for r, ms in plan.migrations.items()}
+    model, opt, gen = mlp_and_data()
+    with pytest.raises(KeyboardInterrupt), offload(dataclasses.replace(plan, migrations=steady), backend="host",
+                                                   swap_dir=tmp_path):
+        for _ in range(6):  # as train()
+            loss = model(torch.randn(64, 32, generator=gen)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss.item()
+    assert fired
+    tensors = [t for p in model.parameters() for t in (p, p.grad, *opt.state.get(p, {}).values())
+               if isinstance(t, torch.Tensor)]
+    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in tensors)
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_rank_the_plan_has_no_section_for_is_refused(plan: Plan, tmp_path: Path) -> None:
