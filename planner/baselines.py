@@ -70,7 +70,7 @@ from planner.bound import phase_windows
 from planner.greedy import Move
 from planner.hardware import Hardware
 from planner.make import RankPlan, settle_urgency
-from planner.problem import PlanProblem, median_durations_us, problem_from_profile
+from planner.problem import PlanProblem, median_durations_us, previous_periods, problem_from_profile
 from planner.simulate import FREE_BW, simulate
 from profiles import Profile
 
@@ -231,7 +231,16 @@ def checkpointed(problem: PlanProblem, profile: Profile, rank: int = 0) -> PlanP
     return replace(problem, memory_bytes=memory, duration_us=duration, tensor_id=problem.tensor_id[keep],
                    size_bytes=problem.size_bytes[keep], kind=problem.kind[keep], start_op=problem.start_op[keep],
                    end_op=problem.end_op[keep], reads_back=problem.reads_back[keep],
-                   unchanged=None if problem.unchanged is None else problem.unchanged[keep])
+                   unchanged=_unchanged_kept(problem, keep))
+
+
+def _unchanged_kept(problem: PlanProblem, keep: np.ndarray) -> np.ndarray | None:
+    """``problem.unchanged`` of the periods ``keep`` keeps, false where the previous one is dropped
+    (the one before that, now its previous, may not hold the same bytes)."""
+    if problem.unchanged is None:
+        return None
+    prev = previous_periods(problem.tensor_id, problem.start_op)
+    return (problem.unchanged & keep[prev])[keep]
 
 
 def zero_problem(profile: Profile, hw: Hardware, rank: int = 0) -> tuple[PlanProblem, str]:

@@ -88,16 +88,16 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
 
 
 def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = None,
-              margins: Sequence[float] = DEFAULT_MARGINS) -> RankPlan:
+              margins: Sequence[float] = DEFAULT_MARGINS, finished_clocks: int = FINISHED_CLOCKS) -> RankPlan:
     """Plan one rank and simulate the plan: ``plan_greedy`` (which reports to ``progress`` on long
     work) on the ops' own clock and, when some window's transfers need more time than its ops take,
     on the clock paced by each of ``margins`` (NOTE [ Paced clock ] in ``planner.pace``). Each plan
-    is simulated with its copies kept (NOTE [ Copies kept ] in ``planner.clean``); the two that fit
-    and run fastest each get SSD moves sent to idle host memory
+    is simulated with its copies kept (NOTE [ Copies kept ] in ``planner.clean``); the
+    ``finished_clocks`` that fit and run fastest each get SSD moves sent to idle host memory
     where that is faster (NOTE [ Host memory left idle ] in ``planner.rebalance``), its prefetches
     started early and served by deadline where that is faster (NOTE [ Prefetch early, serve by
     deadline ] in ``planner.early``; then host memory is filled again) and its copies kept; the
-    faster of the two gets its urgent transfers marked (``settle_urgency``)."""
+    fastest of them gets its urgent transfers marked (``settle_urgency``)."""
     bound = iteration_bound(problem, hw)
     # The greedy reserves a write for every offload, as if no copy were kept: a clock paced by the
     # bound that counts every write too is the better one for some plans (Llama3-70B at batch 16
@@ -117,7 +117,7 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
     def sim_of(moves: Sequence[Move]) -> SimResult:
         return simulate(problem, moves, bw, hw.gpu_mem_bytes, **hw.compute_costs())
 
-    scored: list[tuple[tuple[bool, float], list[Move], SimResult]] = []
+    scored: list[tuple[tuple[bool, float], str, list[Move], SimResult]] = []
     for i, (name, durations) in enumerate(clocks):
         if progress is not None and len(clocks) > 1:
             progress(f"planning on {name} ({i + 1} of {len(clocks)})")
@@ -125,11 +125,15 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
         sim = sim_of(planned)
         # Scored as it will run: with its copies kept (NOTE [ Copies kept ] in planner.clean).
         kept = _with_copies_kept(problem, planned, sim, hw, sim_of)[1]
-        scored.append(((kept.fits, -kept.iteration_us), planned, sim))
+        scored.append(((kept.fits, -kept.iteration_us), name, planned, sim))
     scored.sort(key=lambda t: t[0], reverse=True)  # stable: the earlier clock first on a tie
-    # The passes after the greedy change the order now and then: the best two go through them.
+    # The passes after the greedy change the order now and then: the best few that fit (or the
+    # best, if none does) go through them.
+    finishing = [t for t in scored[:finished_clocks] if t[0][0]] or scored[:1]
     best: tuple[tuple[bool, float], list[Move], SimResult, bool] | None = None
-    for _, planned, sim in scored[:FINISHED_CLOCKS]:
+    for j, (_, name, planned, sim) in enumerate(finishing):
+        if progress is not None and len(finishing) > 1:
+            progress(f"finishing the plan on {name} ({j + 1} of {len(finishing)})")
         moves, sim, served_by_deadline = _after_greedy(problem, planned, sim, hw, bound, sim_of)
         score = (sim.fits, -sim.iteration_us)
         if best is None or score > best[0]:

@@ -20,7 +20,8 @@ as the clock it was planned on. The margin is headroom: the greedy does not fill
 a channel to the last byte, and it moves more than the bound counts. Too little
 leaves ops to the stall fixes, too much slows the window down for nothing, so
 the margins of ``DEFAULT_MARGINS`` are tried, and the ops' own clock too (on
-some small synthetic profiles it wins); the caller keeps the plan that
+some small synthetic profiles it wins); the caller paces by two bounds where
+copies can be kept (``planner.make.plan_rank``) and keeps the plan that
 simulates fastest. Stretching also the windows whose transfers barely fit their
 ops (a backward pass that must read back every parameter, gradient and
 activation it uses) was tried and simulated slower (BENCHMARKS.md).

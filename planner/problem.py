@@ -187,8 +187,8 @@ def unchanged_periods(periods: pd.DataFrame, accesses: pd.DataFrame, num_ops: in
     """(num_periods,) bool of ``periods`` (``tensor_id, start_op, end_op, reads_back``): NOTE [
     Unchanged periods ], from the ``write`` rows of ``accesses`` (an output is a write too) and,
     as writes, the ops at which ``tensors`` (``tensor_id, alloc_op, free_op``) are made or freed:
-    a storage that died in between is not the one that went out (an input made outside any op
-    has no write)."""
+    a storage that died in between is not the one that went out, even one made outside any op
+    (first seen as an input, so no access writes it)."""
     tid = periods["tensor_id"].to_numpy(np.int64)
     start = periods["start_op"].to_numpy(np.int64)
     end = periods["end_op"].to_numpy(np.int64)

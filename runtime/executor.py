@@ -254,6 +254,8 @@ class PlanExecutor(OpStream):
         self.schedule = None
         for tid in list(self.copies):  # kept copies hold host memory no plan now counts
             self._drop_copy(tid)
+        for entry in self.moved.values():  # nor do those of reads in flight
+            entry.keep_for_reuse = False
         if self.iteration == 0:
             self.first_left_at = f"iteration 0, {where}"
             hint = (" (its plan starts at the script's first op, as `teraio profile` and "
@@ -642,11 +644,13 @@ class PlanExecutor(OpStream):
                 storage = entry.storage()
                 if storage is None or tid in self.moved:
                     continue
+                # NOTE [ Interrupts ]: in ``moved`` before the storage is freed, out once it is
+                entry.state = Residency.DEVICE
+                self.moved[tid] = entry
                 free_storage(storage)
                 self.stats.tracked_bytes -= entry.nbytes
                 entry.state = Residency.HOST if entry.target == "host" else Residency.SSD
                 entry.keep_copy = False
-                self.moved[tid] = entry
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -126,8 +125,6 @@ def run(
     except (ValueError, PlanFormatError) as exc:
         fail(str(exc))
     rank, world_size = job_place()
-    if not reuse_copies:  # the job's ranks read it too
-        os.environ["TERAIO_REUSE_COPIES"] = "0"
     if nproc is not None:
         _launch_job(nproc, world_size, swap_dir)
         return
@@ -138,8 +135,8 @@ def run(
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
-        with teraio_warnings(), offload(run_plan, swap_dir=swap_dir, backend=backend,
-                                        host_mem_bytes=host_bytes, rank=rank) as executor:
+        with teraio_warnings(), offload(run_plan, swap_dir=swap_dir, backend=backend, host_mem_bytes=host_bytes,
+                                        rank=rank, reuse_copies=None if reuse_copies else False) as executor:
             try:
                 run_script(script, list(script_args or []), passthrough=(TeraioError,))
             finally:

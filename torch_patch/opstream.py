@@ -116,7 +116,7 @@ class OpInfo:
 _OTHER_WRITES = {"fsdp.all_gather_copy_in.default": frozenset({"all_gather_output"})}
 # Batch norm's ops update the running statistics in place though their schemas do not say so
 # (aten::native_batch_norm, cudnn_batch_norm, batch_norm_update_stats... in torch 2.13): an argument
-# of these names counts as written, in any op.
+# of these names counts as written, in any op but a backward one (which only reads them).
 _RUNNING_STATS = frozenset({"running_mean", "running_var", "running_min", "running_max"})
 
 
@@ -127,7 +127,9 @@ def _op_info(func: Any) -> OpInfo:
         named = frozenset(a.name for a in args if not a.name.startswith("input"))
     else:
         named = _OTHER_WRITES.get(str(func), frozenset())
-    writes += [i for i, a in enumerate(args) if (a.name in named or a.name in _RUNNING_STATS) and i not in writes]
+    if "backward" not in func._schema.name:
+        named |= _RUNNING_STATS
+    writes += [i for i, a in enumerate(args) if a.name in named and i not in writes]
     # prim::device and friends are metadata queries that only tensor subclasses (fake
     # tensors) send through dispatch modes: no op, no data, not counted.
     skip = func.namespace in ("profiler", "prim")

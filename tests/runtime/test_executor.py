@@ -169,6 +169,12 @@ def test_kept_copies_are_reused_only_while_nothing_writes_the_storage(plan: Plan
     assert kept.stats.reused_offloads > 0 and kept.stats.dropped_copies > 0
     assert sum(kept.stats.bytes_written.values()) < sum(ex.stats.bytes_written.values())
     assert not kept.copies and not list(tmp_path.iterdir())  # every copy dropped at the end
+    # `teraio run --no-reuse-copies`: the same plan writes every offload
+    with offload(dataclasses.replace(plan, migrations=steady), backend=backend, swap_dir=tmp_path,
+                 reuse_copies=False) as written:
+        assert same(train(6), expected)
+    assert written.stats.reused_offloads == 0 and not written.copies
+    assert sum(written.stats.bytes_written.values()) == sum(ex.stats.bytes_written.values())
 
 
 def test_a_ctrl_c_as_a_kept_copy_is_reused_loses_nothing(plan: Plan, tmp_path: Path,
