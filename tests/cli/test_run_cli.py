@@ -41,10 +41,12 @@ def budgets(profile_dir: Path) -> dict[str, int]:
     return {"75%": int(peak * 0.75), "50%": int(peak * 0.5), "min": int(resident_need_bytes(problem).max())}
 
 
-@pytest.mark.parametrize(("share", "backend"), [("75%", "host"), ("50%", "posix"), ("min", "posix"), ("min", "host")])
+@pytest.mark.parametrize(("share", "backend", "options"), [
+    ("75%", "host", []), ("50%", "posix", []), ("min", "posix", []), ("min", "host", []),
+    ("min", "posix", ["--no-reuse-copies"])])
 def test_run_under_a_plan_is_bit_identical_and_within_budget(
         gpt_profile: Path, plain: tuple[list[str], dict[str, torch.Tensor]], tmp_path: Path,
-        share: str, backend: str) -> None:
+        share: str, backend: str, options: list[str]) -> None:
     budget = budgets(gpt_profile)[share]
     r = run_teraio("plan", gpt_profile, "--gpu-mem", str(budget), "--ssd-bw", "2", "--host-mem", "64M",
                    "--out", tmp_path / "plan.json")
@@ -53,7 +55,7 @@ def test_run_under_a_plan_is_bit_identical_and_within_budget(
     assert plan["summary"]["fits"] and plan["ranks"]["0"], "the plan moves nothing"
 
     r = run_teraio("run", "--plan", tmp_path / "plan.json", "--backend", backend, "--swap-dir", tmp_path,
-                   "--report", tmp_path / "run.json", EXAMPLE, "--", *SMALL_GPT, *STEPS,
+                   "--report", tmp_path / "run.json", *options, EXAMPLE, "--", *SMALL_GPT, *STEPS,
                    "--save", tmp_path / "model.pt")
     assert r.returncode == 0, r.stderr
     plain_losses, plain_params = plain
@@ -66,6 +68,9 @@ def test_run_under_a_plan_is_bit_identical_and_within_budget(
     report = json.loads((tmp_path / "run.json").read_text())
     assert sum(report["bytes_written"].values()) > 0 and sum(report["bytes_read"].values()) > 0
     assert report["unfollowed_iterations"] == []
+    if share == "min":  # its plan frees parameters against their kept copies (NOTE [ Copies kept ])
+        assert any(m.get("reuse_copy") for m in plan["ranks"]["0"])
+        assert (report["reused_offloads"] > 0) == (options == [])
     assert_within_budget(report, budget)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("teraio-swap")] == []
     assert_cuda_peak_reported(report, budget)
