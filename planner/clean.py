@@ -26,31 +26,50 @@ import numpy as np
 from planner.greedy import Move
 from planner.problem import PlanProblem, previous_periods
 
-__all__ = ["keep_copies"]
+__all__ = ["fold", "host_held", "host_span", "keep_copies", "take_host"]
 
 
-def _pieces(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
-    """The ops ``[lo, hi)`` of the unrolled axis (``0 <= hi - lo <= n``) folded into one iteration."""
+def fold(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
+    """The ops ``[lo, hi)`` of the unrolled axis (``0 <= hi - lo <= n``) folded into one iteration,
+    empty pieces left out."""
     lo, hi = lo - (lo // n) * n, hi - (lo // n) * n
-    return [(lo, min(hi, n)), (0, hi - n)] if hi > n else [(lo, hi)]
+    pieces = [(lo, min(hi, n)), (0, hi - n)] if hi > n else [(lo, hi)]
+    return [(a, b) for a, b in pieces if b > a]
+
+
+def host_span(mv: Move, n: int) -> tuple[int, int]:
+    """A move's host span on the unrolled axis, ``[lo, hi)``, at most one iteration long: from the op
+    after ``start_op`` through ``end_op``, as the greedy's host stage counts it."""
+    lo = mv.start_op + 1
+    return lo, min(mv.end_op + 1, lo + n)
+
+
+def take_host(held: np.ndarray, lo: int, hi: int, size: float, limit: float) -> bool:
+    """Add ``size`` bytes to ``held`` (per op) over the ops ``[lo, hi)`` of the unrolled axis if that
+    stays within ``limit`` everywhere; whether it did."""
+    pieces = fold(lo, hi, len(held))
+    if any(float(held[a:b].max()) + size > limit for a, b in pieces):
+        return False
+    for a, b in pieces:
+        held[a:b] += size
+    return True
 
 
 def host_held(problem: PlanProblem, moves: Sequence[Move]) -> np.ndarray:
-    """(num_ops,) float64: the bytes of host copies held at each op, counted as the greedy's host
-    stage counts them (from the op after ``start_op`` through ``end_op``, folded into one iteration),
-    with the copies kept between two periods (NOTE [ Copies kept ]) held between them too."""
+    """(num_ops,) float64: the bytes of host copies held at each op (``host_span``, folded into one
+    iteration), with the copies kept between two periods (NOTE [ Copies kept ]) held between them too."""
     n = problem.num_ops
     held = np.zeros(n + 1)
+    at = {mv.period: i for i, mv in enumerate(moves)}
     prev = previous_periods(problem.tensor_id, problem.start_op) if any(mv.reuse_copy for mv in moves) else None
-    kept = {mv.period: mv for mv in moves if mv.keep_copy}
     for mv in moves:
         if mv.target != "host":
             continue
-        spans = [(mv.start_op + 1, min(mv.end_op + 1, mv.start_op + 1 + n))]
-        if mv.reuse_copy and prev is not None and (before := kept.get(int(prev[mv.period]))) is not None:
-            spans.append(_kept_span(before, mv, n))
+        spans = [host_span(mv, n)]
+        if mv.reuse_copy and prev is not None and (j := _moved_before(problem, prev, at, mv.period)) is not None:
+            spans.append(_kept_span(moves[j], mv, n))
         for lo, hi in spans:
-            for a, b in _pieces(lo, hi, n):
+            for a, b in fold(lo, hi, n):
                 held[a] += mv.size_bytes
                 held[b] -= mv.size_bytes
     return np.cumsum(held)[:n]
@@ -96,14 +115,8 @@ def keep_copies(problem: PlanProblem, moves: Sequence[Move], host_mem_bytes: flo
         j = _moved_before(problem, prev, at, mv.period)
         if j is None or out[j].target != mv.target or not out[j].reads_back:
             continue
-        before = out[j]
-        if mv.target == "host":
-            lo, hi = _kept_span(before, mv, n)
-            pieces = [(a, b) for a, b in _pieces(lo, hi, n) if b > a]
-            if any(float(held[a:b].max()) + mv.size_bytes > host_mem_bytes for a, b in pieces):
-                continue
-            for a, b in pieces:
-                held[a:b] += mv.size_bytes
+        if mv.target == "host" and not take_host(held, *_kept_span(out[j], mv, n), mv.size_bytes, host_mem_bytes):
+            continue
         out[j] = replace(out[j], keep_copy=True)
         out[i] = replace(out[i], reuse_copy=True)
     return out

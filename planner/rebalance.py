@@ -33,6 +33,7 @@ from dataclasses import replace
 import numpy as np
 
 from planner.bound import Bound
+from planner.clean import host_held, host_span, take_host
 from planner.greedy import Move
 from planner.hardware import Hardware
 from planner.problem import PlanProblem
@@ -44,42 +45,16 @@ __all__ = ["fill_host"]
 MAX_ROUNDS = 3
 
 
-def _host_held(problem: PlanProblem, moves: Sequence[Move]) -> np.ndarray:
-    """(num_ops,) float64: the bytes of host copies held at each op, counted as the greedy's host
-    stage counts them (from the op after ``start_op`` through ``end_op``, folded into one iteration)."""
-    n = problem.num_ops
-    diff = np.zeros(2 * n + 2)
-    for mv in moves:
-        if mv.target == "host":
-            lo, hi = _span(mv, n)
-            diff[lo] += mv.size_bytes
-            diff[hi] -= mv.size_bytes
-    held = np.cumsum(diff)[:2 * n]
-    return held[:n] + held[n:]
-
-
-def _span(mv: Move, n: int) -> tuple[int, int]:
-    """A move's host span on the unrolled axis, ``[lo, hi)``, at most one iteration long."""
-    lo = mv.start_op + 1
-    return lo, min(mv.end_op + 1, lo + n)
-
-
 def _to_host(problem: PlanProblem, moves: list[Move], chosen: Sequence[int], host_mem_bytes: float) -> int:
     """Send each of ``chosen`` (in order) to host memory where it fits; returns the bytes sent."""
     n = problem.num_ops
-    held = _host_held(problem, moves)
+    held = host_held(problem, moves)
     sent = 0
     for i in chosen:
         mv = moves[i]
-        lo, hi = _span(mv, n)
-        pieces = [(lo, min(hi, n)), (max(lo, n) - n, hi - n)] if hi > n else [(lo, hi)]
-        pieces = [(a, b) for a, b in pieces if b > a]
-        if any(float(held[a:b].max()) + mv.size_bytes > host_mem_bytes for a, b in pieces):
-            continue
-        for a, b in pieces:
-            held[a:b] += mv.size_bytes
-        moves[i] = replace(mv, target="host")
-        sent += mv.size_bytes
+        if take_host(held, *host_span(mv, n), mv.size_bytes, host_mem_bytes):
+            moves[i] = replace(mv, target="host")
+            sent += mv.size_bytes
     return sent
 
 

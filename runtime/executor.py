@@ -252,8 +252,7 @@ class PlanExecutor(OpStream):
     def _leave(self, where: str) -> None:
         """Run the rest of this iteration on demand (NOTE [ Boundaries ] in runtime.boundary)."""
         self.schedule = None
-        for tid in list(self.copies):  # kept copies hold host memory no plan now counts
-            self._drop_copy(tid)
+        self._drop_copies()  # kept copies hold host memory no plan now counts
         for entry in self.moved.values():  # nor do those of reads in flight
             entry.keep_for_reuse = False
         if self.iteration == 0:
@@ -395,6 +394,10 @@ class PlanExecutor(OpStream):
         entry = self.copies.pop(tid)
         entry.backend.delete(entry.key)
         self.stats.dropped_copies += written_over
+
+    def _drop_copies(self) -> None:
+        for tid in list(self.copies):
+            self._drop_copy(tid)
 
     def _await(self, job: Job) -> None:
         """Wait for ``job`` to finish; a transfer that never does ends the run with an error."""
@@ -594,8 +597,7 @@ class PlanExecutor(OpStream):
                 entry.backend.delete(entry.key)
                 del self.moved[tid]
         self._drain(errors)
-        for tid in list(self.copies):  # every storage is resident: its copy is not needed
-            self._drop_copy(tid)
+        self._drop_copies()  # every storage is resident: its copy is not needed
 
     def _storages_in(self, obj: Any) -> list[torch.UntypedStorage | None]:
         """Every storage of a tensor reachable from ``obj`` as pickle would walk it."""
