@@ -17,9 +17,10 @@ bound ] (``planner.bound``). The ZeRO baselines get the 512 GiB of host memory
 in both settings: their optimizer runs on the CPU, and in the paper they ran
 with 1 TB while Teraio-SSD used none.
 
-Printed: a Markdown table per case and setting (each policy's predicted
-iteration, its share of ideal throughput, its peak and whether it fits), then
-one line of headline figures as ``key=value`` pairs:
+Printed: two Markdown tables per case and setting (each policy's predicted
+iteration, its share of ideal throughput, its peak and whether it fits; where
+the planner's time goes, per phase, NOTE [ Where the time goes ] in
+``planner.phases``), then one line of headline figures as ``key=value`` pairs:
 
 - ``ideal_share.<case>.<setting>``: ideal time over the planner's predicted time;
 - ``planner_over_best.<case>.<setting>``: the best baseline that fits, its
@@ -135,6 +136,7 @@ def bench_case(name: str, case: Case, path: Path, settings: list[str], margins: 
     from planner import plan_rank, problem_from_profile
     from planner.baselines import run_baselines
     from planner.bound import iteration_bound
+    from planner.phases import phase_report
     from profiles import read_profile
 
     profile = read_profile(path)
@@ -175,6 +177,7 @@ def bench_case(name: str, case: Case, path: Path, settings: list[str], margins: 
             "peak_bound_ratio": pred / bound.peak_us, "planner_fits": bool(planned.sim.fits),
             "stall_s": planned.sim.stall_us / 1e6,
             "moved_gib": sum(m.size_bytes for m in planned.moves) / GIB,
+            "phases": phase_report(problem, planned.sim, bound),  # NOTE [ Where the time goes ]
         })
         print(f"{name} {setting}: {json.dumps({k: v for k, v in rows[-1].items() if k != 'policies'})}",
               file=sys.stderr, flush=True)
@@ -251,6 +254,15 @@ def _print(rows: list[dict[str, Any]]) -> None:
         for name, v in r["policies"].items():
             print(f"| {name}{' (best baseline)' if name == r['best_baseline'] else ''} | {v['iteration_s']:,.2f} s "
                   f"| {v['ideal_share']:.3f} | {v['peak_gib']:,.1f} GiB | {'yes' if v['fits'] else 'no'} |")
+        print("\nWhere the planner's time goes (planner/phases.py; busy: share of the phase's predicted time)\n")
+        print("| phase | windows | predicted | bound | ops | SSD write | SSD read | host write | host read |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for ph in r["phases"]:
+            b = ph["busy"]
+            print(f"| {ph['phase']} | {ph['windows']} | {ph['predicted_us'] / 1e6:,.2f} s "
+                  f"| {ph['bound_us'] / 1e6:,.2f} s | {ph['compute_us'] / 1e6:,.2f} s "
+                  f"| {b['ssd_write']:.0%} | {b['ssd_read']:.0%} "
+                  f"| {b['host_write']:.0%} | {b['host_read']:.0%} |")
 
 
 def _num(x: float | None) -> str:

@@ -16,6 +16,7 @@ from planner.greedy import Move, Progress, plan_greedy
 from planner.hardware import Hardware
 from planner.job import predict_job, rank_ops
 from planner.pace import DEFAULT_MARGINS, paced_durations
+from planner.phases import phase_report
 from planner.plan import Migration, Plan
 from planner.problem import PlanProblem
 from planner.rebalance import fill_host
@@ -212,6 +213,8 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
         "num_reused": sum(mv.reuse_copy for mv in moves),
         "host_peak_bytes": sim.host_peak_bytes,
         "bandwidth_utilisation": util,
+        # NOTE [ Where the time goes ] in planner.phases
+        "phases": phase_report(p, sim, bound),
     }
 
 

@@ -44,10 +44,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.bound import phase_windows
 from planner.greedy import Move
 from planner.problem import PlanProblem
 
-__all__ = ["FREE_BW", "SimResult", "simulate"]
+__all__ = ["CHANNELS", "FREE_BW", "SimResult", "simulate"]
 
 # A channel this fast carries releases, not bytes (a baseline's parameters dropped where
 # the master copy is elsewhere): instant, and no copy cost (NOTE [ Copies on the compute ]).
@@ -88,7 +89,7 @@ FREE_BW = 1e30  # bytes/s
 # measures it). Host memory's channels have none: the host backend copies into a pool
 # with no file (75-120 us a transfer measured the same way, left out). 0 for a GPU
 # profile, where a transfer's latency is microseconds.
-_CHANNELS = ("ssd_write", "ssd_read", "host_write", "host_read")
+CHANNELS = ("ssd_write", "ssd_read", "host_write", "host_read")
 _TOL = 1e-6  # bytes
 # Per-instance state of a move.
 _IDLE, _OFFLOADING, _OUT, _CANCELLED, _FETCHING, _BACK, _DEAD = range(7)
@@ -121,6 +122,10 @@ class SimResult:
     copy_charge_us: float = 0.0
     op_overhead_us: float = 0.0
     refault_us: float = 0.0
+    # (num_windows, 4) float64: per channel (``CHANNELS``' order), how long
+    # it was busy (as ``busy_us``) from the start of the iteration to the moment the first op of each
+    # phase window (``planner.bound.phase_windows``) is reached
+    window_busy_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
 
     @property
     def peak_bytes(self) -> int:
@@ -145,7 +150,7 @@ class SimResult:
         """The share of the iteration each channel is busy: moving bytes, or in transfers' latency
         (NOTE [ Transfer latency ]); with none, the bytes moved over what it could move."""
         t = self.iteration_us
-        return {c: (self.busy_us[c] / t if t > 0 else 0.0) for c in _CHANNELS}
+        return {c: (self.busy_us[c] / t if t > 0 else 0.0) for c in CHANNELS}
 
 
 class _Sim:
@@ -160,11 +165,11 @@ class _Sim:
         self.n, self.iters = n, num_iterations
         nm = len(moves)
         self.nm = nm
-        self.bw_us = {c: bw[c] * 1e-6 for c in _CHANNELS}  # bytes per us
+        self.bw_us = {c: bw[c] * 1e-6 for c in CHANNELS}  # bytes per us
         # NOTE [ Transfer latency ]: each transfer first holds its channel this many bytes' time
         self.lat_bytes = {c: transfer_latency_s * bw[c] if c.startswith("ssd") and bw[c] < FREE_BW else 0.0
-                          for c in _CHANNELS}
-        self.heaps: dict[str, list[tuple[tuple[int, int], int]]] = {c: [] for c in _CHANNELS}
+                          for c in CHANNELS}
+        self.heaps: dict[str, list[tuple[tuple[int, int], int]]] = {c: [] for c in CHANNELS}
         # Per transfer: id = (instance * nm + move) * 2 + (0 offload | 1 prefetch).
         total = num_iterations * nm * 2
         self.remaining = [0.0] * total
@@ -188,8 +193,8 @@ class _Sim:
         self.host_peak = 0.0
         self.now = 0.0
         self.measuring = False
-        self.moved = dict.fromkeys(_CHANNELS, 0.0)
-        self.busy = dict.fromkeys(_CHANNELS, 0.0)
+        self.moved = dict.fromkeys(CHANNELS, 0.0)
+        self.busy = dict.fromkeys(CHANNELS, 0.0)
         self.waited_off: set[int] = set()
         self.waited_pre: set[int] = set()
         # NOTE [ Copies on the compute ]
@@ -205,7 +210,7 @@ class _Sim:
     # ---- channels ----------------------------------------------------------------------
     def _advance(self, dt: float) -> None:
         """Let every channel work for ``dt`` us from ``now``, then move ``now``."""
-        for c in _CHANNELS:
+        for c in CHANNELS:
             heap = self.heaps[c]
             if not heap:
                 continue
@@ -372,6 +377,10 @@ class _Sim:
         stall = np.zeros(n)
         resident = np.zeros(n, np.int64)
         t_iter = 0.0
+        is_first = np.zeros(n, bool)
+        is_first[phase_windows(p)] = True
+        window_starts: list[bool] = is_first.tolist()
+        window_busy: list[tuple[float, ...]] = []
         # NOTE [ Copies on the compute ]: the resident peak of the iteration before
         peak_before = float(max(mem)) if n else 0.0
         peak = 0.0
@@ -387,6 +396,8 @@ class _Sim:
                 boundary_us = max(peak_before - (mem[0] - self.offloaded), 0.0) * self.refault_us_per_byte
                 if self.measuring:
                     self.refault_us = boundary_us
+            if self.measuring and window_starts[k]:
+                window_busy.append(tuple(self.busy[c] for c in CHANNELS))
             for inst in starts_off[g]:
                 self._start_offload(inst)
             for inst in starts_pre[g]:
@@ -424,6 +435,7 @@ class _Sim:
             waited_offloads=frozenset(self.waited_off), waited_prefetches=frozenset(self.waited_pre),
             offload_us=self._times(0, t_iter), prefetch_us=self._times(1, t_iter),
             copy_charge_us=self.charged_us, op_overhead_us=self.op_overhead_us * n, refault_us=self.refault_us,
+            window_busy_us=np.array(window_busy, np.float64).reshape(-1, len(CHANNELS)),
         )
 
     def _times(self, action: int, t_iter: float) -> np.ndarray:

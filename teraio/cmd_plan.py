@@ -185,6 +185,13 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
     u = s["bandwidth_utilisation"]
     print(f"bandwidth   SSD write {_pct(u['ssd_write'])}, SSD read {_pct(u['ssd_read'])}, "
           f"host write {_pct(u['host_write'])}, host read {_pct(u['host_read'])} of the iteration")
+    for j, ph in enumerate(s.get("phases", [])):  # NOTE [ Where the time goes ] in planner/phases.py
+        b = ph["busy"]
+        windows = f"{ph['windows']:,} window{'s' if ph['windows'] > 1 else ''}"
+        print(f"{'phases' if j == 0 else '':<12}{ph['phase']} ({windows}): {ph['predicted_us'] / 1e3:,.2f} ms "
+              f"predicted, bound {ph['bound_us'] / 1e3:,.2f} ms, ops {ph['compute_us'] / 1e3:,.2f} ms; busy: SSD "
+              f"write {_pct(b['ssd_write'])}, read {_pct(b['ssd_read'])}, host write {_pct(b['host_write'])}, "
+              f"read {_pct(b['host_read'])}")
     life = s["ssd_life_years"]
     print(f"ssd wear    {_mib(s['ssd_bytes_per_iteration'])} written per iteration, "
           f"{s['ssd_bytes_per_day'] / 1e12:,.1f} TB per day at the predicted speed; a "

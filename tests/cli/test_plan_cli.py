@@ -34,6 +34,9 @@ def test_plan_writes_plan_and_prints_summary(synth: Path) -> None:
     plan = load_plan(out)
     assert plan.summary["peak_after_bytes"] <= 1.5 * 2**30
     assert plan.parameters["gpu_mem_bytes"] == int(1.5 * 2**30)
+    # NOTE [ Where the time goes ]: a line per phase, as in the summary
+    phases = [ph["phase"] for ph in plan.summary["phases"]]
+    assert phases and all(f"{name} (" in r.stdout for name in phases) and "phases      " in r.stdout
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("ph") == "X" for e in events) and any(e.get("ph") == "b" for e in events)
 
