@@ -29,6 +29,7 @@ from planner.simulate import CHANNELS, SimResult
 
 __all__ = ["phase_report"]
 
+
 def phase_report(problem: PlanProblem, sim: SimResult, bound: Bound) -> list[dict[str, Any]]:
     """Per phase, in the order each first appears (NOTE [ Where the time goes ]): ``phase``,
     ``windows``, ``predicted_us``, ``bound_us``, ``compute_us`` and ``busy`` (channel -> the share
