@@ -97,8 +97,9 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
     ``finished_clocks`` that fit and run fastest each get SSD moves sent to idle host memory
     where that is faster (NOTE [ Host memory left idle ] in ``planner.rebalance``), its prefetches
     started early and served by deadline where that is faster (NOTE [ Prefetch early, serve by
-    deadline ] in ``planner.early``; then host memory is filled again) and its copies kept; the
-    fastest of them gets its urgent transfers marked (``settle_urgency``)."""
+    deadline ] in ``planner.early``; then host memory is filled again), its copies kept and its
+    moves of one op dropped where that is faster (NOTE [ Moves of one op ]); the fastest of them
+    gets its urgent transfers marked (``settle_urgency``)."""
     bound = iteration_bound(problem, hw)
     # The greedy reserves a write for every offload, as if no copy were kept: a clock paced by the
     # bound that counts every write too is the better one for some plans (Llama3-70B at batch 16
@@ -148,8 +149,9 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
 def _after_greedy(problem: PlanProblem, planned: list[Move], sim: SimResult, hw: Hardware, bound: Bound,
                   sim_of: Callable[[Sequence[Move]], SimResult]) -> tuple[list[Move], SimResult, bool]:
     """The greedy's ``planned`` (simulated as ``sim``) with SSD moves sent to idle host memory, its
-    prefetches started early and served by deadline (then host memory filled again), each where
-    faster, and its copies kept; their simulation, and whether the prefetches are served by deadline."""
+    prefetches started early and served by deadline (then host memory filled again), its copies kept
+    and its moves of one op dropped (NOTE [ Moves of one op ]), each where faster; their simulation,
+    and whether the prefetches are served by deadline."""
     moves, sim = fill_host(problem, planned, sim, hw, bound, sim_of)
     early = by_deadline(prefetch_early(problem, moves, sim, hw.gpu_mem_bytes), problem.num_ops)
     early_sim = sim_of(early)
@@ -183,7 +185,7 @@ def _with_copies_kept(problem: PlanProblem, moves: Sequence[Move], sim: SimResul
 # has room there. And a parameter's short period moved to the other place from its neighbours'
 # keeps them from sharing a kept copy (NOTE [ Copies kept ] in planner.clean). At Llama3-70B,
 # batch 16, with host memory: 1,105 such moves, 896 MiB weights among them each making an op wait
-# 38 ms; without them, copies kept again, 522.7 s against 529.1 s. So they are dropped where the
+# 38 ms; without them, copies kept again, 522.5 s against 529.1 s. So they are dropped where the
 # plan without them, its copies kept again, fits and is faster.
 def _without_one_op_moves(problem: PlanProblem, moves: Sequence[Move], sim: SimResult, hw: Hardware,
                           sim_of: Callable[[Sequence[Move]], SimResult]) -> tuple[list[Move], SimResult]:
