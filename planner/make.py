@@ -182,8 +182,8 @@ def _with_copies_kept(problem: PlanProblem, moves: Sequence[Move], sim: SimResul
 # are free for that one op, and its read, which starts only then, makes the next op wait for all
 # of it. The greedy takes such a period where its count of memory (each move's bytes free only
 # over its window) has that op over capacity; after the passes that follow it the simulation often
-# has room there. And a parameter's short period moved to the other place from its neighbours'
-# keeps them from sharing a kept copy (NOTE [ Copies kept ] in planner.clean). At Llama3-70B,
+# has room there. And where a weight's periods on either side of such a period are in one place
+# and it in the other, they cannot share a kept copy (NOTE [ Copies kept ] in planner.clean). At Llama3-70B,
 # batch 16, with host memory: 1,105 such moves, 896 MiB weights among them each making an op wait
 # 38 ms; without them, copies kept again, 522.5 s against 529.1 s. So they are dropped where the
 # plan without them, its copies kept again, fits and is faster.
