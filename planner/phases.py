@@ -25,6 +25,7 @@ import numpy as np
 
 from planner.bound import Bound
 from planner.problem import PlanProblem
+from planner.rebalance import window_times_us
 from planner.simulate import CHANNELS, SimResult
 
 __all__ = ["phase_report"]
@@ -40,8 +41,7 @@ def phase_report(problem: PlanProblem, sim: SimResult, bound: Bound) -> list[dic
     if len(sim.window_busy_us) != len(first_ops):
         raise ValueError(f"a simulation of {len(sim.window_busy_us)} phase windows and a bound of {len(first_ops)}: "
                          "not of the same problem")
-    began = sim.op_start_us - sim.stall_us_before
-    took = np.diff(np.r_[began[first_ops], sim.iteration_us])
+    took = window_times_us(sim, first_ops)
     ends = np.vstack([sim.window_busy_us, [[sim.busy_us[c] for c in CHANNELS]]])
     busy = dict(zip(CHANNELS, np.diff(ends, axis=0).T, strict=True))
     out: dict[str, dict[str, Any]] = {}
