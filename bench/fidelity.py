@@ -13,8 +13,10 @@ against measured:
 
 - iteration time: the plan's ``predicted_iteration_us`` against the run
   report's median iteration (iterations 1 on; iteration 0 has a plan of its own);
-- tracked peak: the plan's ``peak_after_bytes`` against the highest of the run
-  report's ``iteration_peak_bytes`` from iteration 1.
+- tracked peak: the plan's ``peak_tracked_after_bytes`` (its peak without the ops'
+  scratch, NOTE [ Scratch ] in torch_patch/tracer.py) against the highest of the run
+  report's ``iteration_peak_bytes`` from iteration 1;
+- with ``--gpu`` also CUDA's allocated peak from iteration 1 against the budget.
 
 Errors are |measured - predicted| / measured.
 
@@ -33,7 +35,8 @@ With ``--gpu``: the sizes of bench/rok_gpu.py, plans at the pinned link's measur
 host backend, pinned.
 
 The last line: ``time_error_max=... peak_error_max=... time_error_at_drift_max=...``
-(fractions, the worst case of all), then each size's worst.
+(fractions, the worst case of all), then each size's worst; with ``--gpu`` also
+``cuda_over_budget_max``: CUDA's allocated peak over the budget, the worst of all.
 """
 
 from __future__ import annotations
@@ -115,7 +118,9 @@ def main() -> None:
                 s = json.loads(plan.read_text())["summary"]
                 r = json.loads(report.read_text())
                 time_pred, time_meas = s["predicted_iteration_us"] / 1e6, statistics.median(r["iteration_s"][1:])
-                peak_pred, peak_meas = s["peak_after_bytes"], max(r["iteration_peak_bytes"][1:])
+                peak_pred = s.get("peak_tracked_after_bytes", s["peak_after_bytes"])
+                peak_meas = max(r["iteration_peak_bytes"][1:])
+                cuda = r["iteration_peak_cuda_allocated_bytes"][1:]
                 rows.append({
                     "size": size, "share": share, "budget": budget, "time_pred": time_pred, "time_meas": time_meas,
                     "time_err": abs(time_meas - time_pred) / time_meas, "peak_pred": peak_pred,
@@ -125,10 +130,12 @@ def main() -> None:
                     "charge": s["copy_charge_us"] / 1e6, "overhead": s["op_overhead_us"] / 1e6,
                     "refault": s["refault_us"] / 1e6, "plain": plain_s, "drift": drift,
                     "drift_err": abs(time_meas - time_pred * drift) / time_meas,
+                    "cuda_over": max(cuda) / budget - 1 if cuda else None,
                 })
                 print(f"{size} {share}: predicted {time_pred * 1e3:,.0f} ms, measured {time_meas * 1e3:,.0f} ms "
                       f"(plain runs beside it {drift:.2f}x the first); "
-                      f"peak predicted {peak_pred / MIB:.1f} MiB, measured {peak_meas / MIB:.1f} MiB", flush=True)
+                      f"peak predicted {peak_pred / MIB:.1f} MiB, measured {peak_meas / MIB:.1f} MiB"
+                      + (f", CUDA's {max(cuda) / MIB:.1f} MiB" if cuda else ""), flush=True)
     print()
     print("| example | budget | iteration predicted | measured | error | plain drift | error at the drift | "
           "predicted: ops (plain run) / runtime per op / faults / copies / stalls | stalls measured | "
@@ -147,6 +154,8 @@ def main() -> None:
     for size in args.sizes:
         worst[f"time_error_max_{size}"] = max(r["time_err"] for r in rows if r["size"] == size)
         worst[f"peak_error_max_{size}"] = max(r["peak_err"] for r in rows if r["size"] == size)
+    if args.gpu:  # CUDA's allocated peak over the budget: libraries' workspaces, scratch not planned
+        worst["cuda_over_budget_max"] = max(r["cuda_over"] for r in rows)
     print(quiet.TALLY.line())
     print(f"bench time {time.monotonic() - started:.0f} s, of which {quiet.TALLY.spent_s:.0f} s waiting and repeating")
     print(" ".join(f"{k}={v:.3f}" for k, v in worst.items()))

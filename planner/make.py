@@ -212,12 +212,17 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
             to[mv.target] += mv.size_bytes
     util = sim.utilisation()
     bound = iteration_bound(p, hw)
+    scratch = p.scratch_bytes if p.scratch_bytes is not None else np.zeros(p.num_ops, np.int64)
     return {
         "num_ops": p.num_ops,
         "num_inactive_periods": p.num_periods,
         "gpu_mem_bytes": hw.gpu_mem_bytes,
         "peak_before_bytes": int(p.memory_bytes.max()) if p.num_ops else 0,
         "peak_after_bytes": sim.peak_bytes,
+        # the same without the ops' scratch (NOTE [ Scratch ] in torch_patch.tracer): what the
+        # runtime's tracked bytes reach
+        "peak_tracked_after_bytes": int((sim.resident_bytes - scratch).max()) if p.num_ops else 0,
+        "max_scratch_bytes": int(scratch.max()) if p.num_ops else 0,
         "fits": sim.fits,
         "ideal_iteration_us": sim.ideal_iteration_us,
         "predicted_iteration_us": sim.iteration_us,

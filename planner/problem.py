@@ -56,9 +56,10 @@ class PlanProblem:
     signature: str
     op_names: tuple[str, ...]
     duration_us: np.ndarray  # (num_ops,) float64
-    memory_bytes: np.ndarray  # (num_ops,) int64: live bytes at each op with nothing moved
+    # (num_ops,) int64: bytes each op needs with nothing moved: the live storages and its scratch
+    memory_bytes: np.ndarray
     active_bytes: np.ndarray  # (num_ops,) int64: bytes each op reads or writes
-    made_bytes: np.ndarray  # (num_ops,) int64: bytes of the storages each op allocates
+    made_bytes: np.ndarray  # (num_ops,) int64: bytes each op allocates: its new storages and its scratch
     phase: np.ndarray  # (num_ops,) object: forward|backward|optimizer|other
     module: np.ndarray  # (num_ops,) object: dotted module path or None
     # One row per inactive period; see NOTE [ Unrolled op axis ].
@@ -77,6 +78,9 @@ class PlanProblem:
     # (num_ops,) int32: the other rank of a point-to-point op (c10d send: its destination,
     # recv: its source), -1 for every other op (kernels.peer); None: none known, all -1.
     peer: np.ndarray | None = None
+    # (num_ops,) int64: what each op allocates and frees inside itself (NOTE [ Scratch ] in
+    # torch_patch.tracer), counted in memory_bytes and made_bytes; None: none measured
+    scratch_bytes: np.ndarray | None = None
 
     @property
     def num_ops(self) -> int:
@@ -109,6 +113,20 @@ def median_durations_us(profile: Profile, rank: int, kernels: pd.DataFrame) -> n
     return np.median(np.stack(times), axis=0)
 
 
+def op_scratch_bytes(profile: Profile, rank: int, kernels: pd.DataFrame) -> np.ndarray:
+    """(num_ops,) int64: each op's scratch (NOTE [ Scratch ] in torch_patch.tracer), the most of the
+    recorded iterations whose ops are those of ``kernels``: the plan must make room for the largest."""
+    if "scratch_bytes" not in kernels:  # a profile made in memory without it: none measured
+        return np.zeros(len(kernels), np.int64)
+    names = kernels["op_name"].tolist()
+    k = profile.kernels[profile.kernels["rank"] == rank]
+    per_iteration = [it["scratch_bytes"].to_numpy(np.int64) for _, it in k.sort_values("op_index").groupby("iteration")
+                     if it["op_name"].tolist() == names]
+    if not per_iteration:
+        return kernels["scratch_bytes"].to_numpy(np.int64).copy()
+    return np.max(np.stack(per_iteration), axis=0)
+
+
 def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None = None) -> PlanProblem:
     """The arrays of one rank's (first recorded, by default) iteration of ``profile``; by default its
     op times are the median over the recorded iterations (``median_durations_us``)."""
@@ -124,15 +142,16 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
     periods = periods[(periods["size_bytes"] > 0) & ~periods["tensor_id"].isin(fixed) & ~busy]
     named = tensors[tensors["name"].notna() & tensors["tensor_id"].isin(periods["tensor_id"])]
     num_ops = len(kernels)
+    scratch = op_scratch_bytes(profile, rank, kernels)
     return PlanProblem(
         rank=rank,
         signature=str(profile.meta.get("signature", "")),
         op_names=tuple(kernels["op_name"].astype(str)),
         duration_us=(kernels["duration_us"].to_numpy(np.float64).copy() if iteration is not None
                      else median_durations_us(profile, rank, kernels)),
-        memory_bytes=memory_curve(profile, rank, iteration).astype(np.int64),
+        memory_bytes=memory_curve(profile, rank, iteration).astype(np.int64) + scratch,
         active_bytes=active_bytes(profile, rank, iteration).astype(np.int64),
-        made_bytes=made_bytes(profile, rank, iteration),
+        made_bytes=made_bytes(profile, rank, iteration) + scratch,
         phase=kernels["phase"].to_numpy(object),
         module=kernels["module"].to_numpy(object),
         tensor_id=periods["tensor_id"].to_numpy(np.int64),
@@ -144,6 +163,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
         unchanged=unchanged_periods(periods, profile.accesses_of(rank, iteration), num_ops, tensors),
         names=dict(zip(named["tensor_id"].astype(int), named["name"].astype(str), strict=True)),
         peer=kernels["peer"].to_numpy(np.int32) if "peer" in kernels else None,
+        scratch_bytes=scratch if scratch.any() else None,
     )
 
 

@@ -30,7 +30,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profiles.errors import ProfileFormatError
-from profiles.schema import ACCESS_KINDS, DEFAULTS, FORMAT, PHASES, TABLE_SCHEMAS, TENSOR_KINDS, V1_FORMAT
+from profiles.schema import (
+    ACCESS_KINDS,
+    DEFAULTS,
+    FORMAT,
+    OLDER_FORMATS,
+    PHASES,
+    TABLE_SCHEMAS,
+    TENSOR_KINDS,
+    missing_columns,
+)
 
 __all__ = ["Profile", "find_newest_profile", "merge_ranks", "read_profile", "write_profile"]
 
@@ -150,7 +159,7 @@ def _write_parts(profile: Profile, directory: Path) -> None:
 
 
 def _read_table(path: Path, name: str, version: str) -> pd.DataFrame:
-    """One table of a profile of format ``version`` (meta.json's), as a version-2 DataFrame."""
+    """One table of a profile of format ``version`` (meta.json's), as a DataFrame of this version."""
     file = path / f"{name}.parquet"
     if not file.is_file():
         raise ProfileFormatError(file, "file is missing; is this a teraio profile directory?")
@@ -163,16 +172,16 @@ def _read_table(path: Path, name: str, version: str) -> pd.DataFrame:
         raise ProfileFormatError(file, f"format {found!r}, expected {version!r} as in meta.json; "
                                        "re-run `teraio profile`")
     expected = TABLE_SCHEMAS[name].remove_metadata()
-    new_in_2 = DEFAULTS.get(name, {}) if version == V1_FORMAT else {}
-    for column in new_in_2:
+    added = missing_columns(version, name)
+    for column in added:
         expected = expected.remove(expected.get_field_index(column))
     if table.schema.remove_metadata() != expected:
         raise ProfileFormatError(
             file, f"columns {table.schema.names} do not match the {version} schema {expected.names}"
         )
     df = table.to_pandas()
-    if new_in_2:  # what version 1 did not record (docs/formats.md, versions)
-        df = df.assign(**new_in_2)[TABLE_SCHEMAS[name].names]
+    if added:  # what older versions did not record (docs/formats.md, versions)
+        df = df.assign(**added)[TABLE_SCHEMAS[name].names]
     return df
 
 
@@ -192,6 +201,8 @@ def _check_values(path: Path, p: Profile) -> None:
         raise bad("tensors.parquet", "duplicate (rank, tensor_id)")
     if (p.kernels["duration_us"] < 0).any():
         raise bad("kernels.parquet", "negative duration_us")
+    if (p.kernels["scratch_bytes"] < 0).any():
+        raise bad("kernels.parquet", "negative scratch_bytes")
     known = set(zip(p.tensors["rank"], p.tensors["tensor_id"], strict=True))
     used = set(zip(p.accesses["rank"], p.accesses["tensor_id"], strict=True))
     if not used <= known:
@@ -211,7 +222,7 @@ def read_profile(directory: str | os.PathLike[str]) -> Profile:
     except (OSError, ValueError) as exc:
         raise ProfileFormatError(meta_file, f"not valid JSON ({exc})") from None
     version = meta.get("format") if isinstance(meta, dict) else None
-    if version not in (FORMAT, V1_FORMAT):
+    if version not in (FORMAT, *OLDER_FORMATS):
         raise ProfileFormatError(meta_file, f"format {version!r}, expected {FORMAT!r}; re-run "
                                             "`teraio profile` with this teraio")
     tables = {name: _read_table(path, name, str(version)) for name in TABLE_SCHEMAS}

@@ -1,11 +1,11 @@
-"""The profile format, version 2: one explicit pyarrow schema per table.
+"""The profile format, version 3: one explicit pyarrow schema per table.
 
 The whole format (every table, column, ``meta.json`` key, unit and meaning) is
 written down in ``docs/formats.md``; this module is its code. Times are
 microseconds and sizes bytes everywhere. The format string is stored in each
-schema's metadata and in ``meta.json``; readers refuse anything but version 2
-and version 1, which they upgrade (``V1_FORMAT``: the columns new in version 2
-are filled with ``DEFAULTS``).
+schema's metadata and in ``meta.json``; readers refuse anything but version 3
+and the older versions in ``OLDER_FORMATS``, which they upgrade: the columns a
+later version added are filled with the values in ``ADDED`` (``missing_columns``).
 """
 
 from __future__ import annotations
@@ -15,18 +15,20 @@ import pyarrow as pa
 __all__ = [
     "ACCESS_KINDS",
     "ACCESSES_SCHEMA",
+    "ADDED",
     "DEFAULTS",
     "FORMAT",
     "KERNELS_SCHEMA",
     "PHASES",
     "TABLE_SCHEMAS",
     "TENSOR_KINDS",
+    "OLDER_FORMATS",
     "TENSORS_SCHEMA",
-    "V1_FORMAT",
+    "missing_columns",
 ]
 
-FORMAT = "teraio-profile/2"
-V1_FORMAT = "teraio-profile/1"
+FORMAT = "teraio-profile/3"
+OLDER_FORMATS = ("teraio-profile/2", "teraio-profile/1")
 _META = {b"format": FORMAT.encode()}
 
 PHASES = ("forward", "backward", "optimizer", "other")
@@ -49,6 +51,10 @@ KERNELS_SCHEMA = pa.schema(
         # The other rank of a point-to-point op (c10d send: its destination; recv: its
         # source), -1 for every other op. New in version 2.
         pa.field("peer", pa.int32(), nullable=False),
+        # Bytes the op allocated and freed inside itself beyond its inputs and outputs (a
+        # kernel's workspace: NOTE [ Scratch ] in torch_patch.tracer), 0 where not measured
+        # (CPU, fake). New in version 3.
+        pa.field("scratch_bytes", pa.int64(), nullable=False),
     ],
     metadata=_META,
 )
@@ -89,9 +95,23 @@ ACCESSES_SCHEMA = pa.schema(
     metadata=_META,
 )
 
-# Columns new in version 2, with the value a version-1 file (or a table made without
-# them) stands for.
-DEFAULTS: dict[str, dict[str, int | bool]] = {"kernels": {"peer": -1}, "tensors": {"resizable": True}}
+# Per version, per table, the columns it added, with the value an older file (or a table
+# made without them) stands for.
+ADDED: dict[int, dict[str, dict[str, int | bool]]] = {
+    2: {"kernels": {"peer": -1}, "tensors": {"resizable": True}},
+    3: {"kernels": {"scratch_bytes": 0}},
+}
+# Every added column of each table, with its value where it is missing.
+DEFAULTS: dict[str, dict[str, int | bool]] = {
+    name: {k: v for added in ADDED.values() for k, v in added.get(name, {}).items()}
+    for name in ("kernels", "tensors", "accesses")
+}
+
+
+def missing_columns(version: str, name: str) -> dict[str, int | bool]:
+    """The columns of table ``name`` that a file of format ``version`` lacks, with their values."""
+    number = int(version.rsplit("/", 1)[1])
+    return {k: v for added_in, added in ADDED.items() if added_in > number for k, v in added.get(name, {}).items()}
 
 TABLE_SCHEMAS = {
     "kernels": KERNELS_SCHEMA,

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from profiles.model import Profile
+from profiles.schema import FORMAT
 
 __all__ = ["synthetic_pipeline_profile", "synthetic_profile"]
 
@@ -153,7 +154,7 @@ def synthetic_profile(
     })
     signature = hashlib.sha256("\n".join(names.tolist()).encode() + size.tobytes()).hexdigest()
     meta = {
-        "format": "teraio-profile/2", "mode": "synthetic", "device_type": "synthetic",
+        "format": FORMAT, "mode": "synthetic", "device_type": "synthetic",
         "device_name": "synthetic", "device_memory_bytes": None, "world_size": 1, "ranks": [0],
         "iterations": [1], "signature": signature,
         "synthetic": {"num_layers": L, "ops_per_layer": F, "params_per_layer": P, "seed": seed},
@@ -316,7 +317,7 @@ def synthetic_pipeline_profile(
         *tables, signatures[str(s)] = st.tables(s)
         parts.append(tables)
     meta = {
-        "format": "teraio-profile/2", "mode": "synthetic", "device_type": "synthetic",
+        "format": FORMAT, "mode": "synthetic", "device_type": "synthetic",
         "device_name": "synthetic", "device_memory_bytes": None, "world_size": S, "ranks": list(range(S)),
         "iterations": [1], "signature": signatures["0"], "signatures": signatures,
         "synthetic": {"pipeline": schedule, "num_stages": S, "num_microbatches": M, "ops_per_stage": F,

@@ -158,7 +158,8 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
     print(f"profile     {profile_path}: {s['num_ops']:,} ops, {s['num_inactive_periods']:,} inactive periods"
           f" (rank {s['rank']})")
     print(f"memory      peak {_mib(s['peak_before_bytes'])} before, {_mib(s['peak_after_bytes'])} after, "
-          f"capacity {_mib(s['gpu_mem_bytes'])} ({fits})")
+          f"capacity {_mib(s['gpu_mem_bytes'])} ({fits})"
+          + (f"; ops' scratch counted, up to {_mib(s['max_scratch_bytes'])}" if s.get("max_scratch_bytes") else ""))
     if first is not None:
         print(f"iteration 0 {first['num_ops']:,} ops (set-up, optimizer state made): peak "
               f"{_mib(first['peak_before_bytes'])} before, {_mib(first['peak_after_bytes'])} after, "
@@ -280,9 +281,9 @@ def plan(
     gpu_mem: Annotated[str | None, typer.Option(
         help=f"Device memory to fit in, e.g. 80G ({_SIZE_HELP}); or a share of the profiled peak, "
              "e.g. 50%; or min, the smallest capacity any plan can meet. Default: the profiled "
-             "device's. It bounds the bytes of the tensors ops see: on a real GPU leave room for "
-             "CUDA's context, libraries' workspaces and what ops allocate inside themselves "
-             "(`teraio run` reports CUDA's own peak).",
+             "device's. It bounds the bytes of the tensors ops see and, from a GPU profile, what "
+             "each op allocates inside itself while it runs: on a real GPU leave room for CUDA's "
+             "context and libraries' workspaces (`teraio run` reports CUDA's own peak).",
         show_default=False)] = None,
     ssd_bw: Annotated[str, typer.Option(
         help="SSD bandwidth each way in GB/s (1e9 bytes/s). auto: 16 (a data-center NVMe drive) for a GPU "

@@ -24,7 +24,8 @@ def _summary(r: dict[str, Any]) -> str:
     pred = r["predicted"] or {}
     lines = [
         f"peak tracked memory {_mib(r['peak_tracked_bytes'])} from iteration 1 (predicted "
-        f"{_mib(pred.get('peak_after_bytes'))}), peak RSS {_mib(r['peak_rss_bytes'])}",
+        f"{_mib(pred.get('peak_tracked_after_bytes', pred.get('peak_after_bytes')))}), peak RSS "
+        f"{_mib(r['peak_rss_bytes'])}",
         f"iteration time {r['measured_iteration_s'] * 1e3:,.1f} ms (median; predicted "
         f"{pred.get('predicted_iteration_us', float('nan')) / 1e3:,.1f} ms)"
         if r["measured_iteration_s"] else "no complete iteration",
@@ -44,10 +45,13 @@ def _summary(r: dict[str, Any]) -> str:
     cuda, budget = r.get("peak_cuda_allocated_bytes"), pred.get("gpu_mem_bytes")
     if cuda is not None:
         over = budget is not None and cuda > 1.02 * budget
+        scratch = pred.get("max_scratch_bytes")
         lines.insert(1, f"peak CUDA allocated {_mib(cuda)} from iteration 1" + (
-            f", {_mib(cuda - budget)} over the plan's {_mib(budget)}: CUDA also counts the memory ops "
-            "allocate inside themselves and libraries' workspaces, which teraio does not track; "
-            "plan with that much less --gpu-mem" if over else ""))
+            f", {_mib(cuda - budget)} over the plan's {_mib(budget)}: CUDA also counts libraries' "
+            "workspaces, which teraio does not track" + ("" if scratch else (
+                ", and what ops allocate inside themselves, which the plan counts only from a "
+                "profile of teraio-profile/3 or later taken on the GPU (profile again)")) +
+            "; plan with that much less --gpu-mem" if over else ""))
     if r["first_iteration_peak_bytes"] is not None:
         budget = r["first_iteration_budget_bytes"]
         lines.insert(1, f"iteration 0 (set-up, optimizer state made): peak tracked memory "

@@ -42,6 +42,12 @@ __all__ = ["IrregularIterations", "IterationSummary", "ProfileComplete", "Tracer
 _READ, _WRITE = 0, 1
 
 
+def _allocated() -> dict[str, int]:
+    """CUDA's allocated bytes on the current device: ``current`` and ``peak`` (one read of the
+    allocator's statistics, not the several that ``memory_allocated`` and its peers make)."""
+    return torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]
+
+
 class ProfileComplete(BaseException):  # noqa: N818 (a control-flow signal, not an error)
     """Raised out of the training script once the requested iterations are recorded."""
 
@@ -158,6 +164,7 @@ class _Iteration:
         self.start_ns: list[float] = []
         self.dur_ns: list[float] = []
         self.peers: list[int] = []  # the other rank of a point-to-point op, else -1
+        self.scratch: list[int] = []  # CUDA: bytes each op allocated inside itself (NOTE [ Scratch ])
         self.acc_op: list[int] = []
         self.acc_tid: list[int] = []
         self.acc_kind: list[int] = []
@@ -233,9 +240,13 @@ class Tracer(OpStream):
         self._note_peer(rec, func, args)
         if self.cuda_timing:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            before = _allocated()["current"]
+            torch.cuda.reset_peak_memory_stats()
             start.record()
             out = func(*args, **kwargs)
             end.record()
+            after = _allocated()
+            rec.scratch.append(max(0, after["peak"] - max(before, after["current"])))
             rec.events.append((start, end))
             rec.start_ns.append(0)
             rec.dur_ns.append(0.0)
@@ -246,6 +257,17 @@ class Tracer(OpStream):
             rec.dur_ns.append(float(self._now() - t0))
         return out
 
+    # NOTE [ Scratch ]: on CUDA an op may allocate memory inside itself and free it before it
+    # returns, below the dispatcher where teraio sees no storage: ``_softmax_backward_data``
+    # allocates a buffer the size of its output (512 MiB for the 2k GPU example's attention
+    # scores), a reduction its partial sums. Measured on an H200, this put CUDA's peak 577 MiB
+    # over a 2,713 MiB plan whose tracked bytes were on budget; with the scratch planned for, 65
+    # MiB over (cuBLAS's workspaces, allocated once and held). The tracer records each op's
+    # scratch, the allocator's peak during the op over the larger of what was allocated before
+    # and after it (the peak counter is restarted before each op: a script that reads
+    # ``torch.cuda.max_memory_allocated`` under `teraio profile` sees a single op's peak), and
+    # the planner counts it as memory the op needs while it runs (``PlanProblem.scratch_bytes``).
+    # On the CPU nothing measures it: 0.
     def _note_peer(self, rec: _Iteration, func: Any, args: tuple[Any, ...]) -> None:
         peer_arg = self._infos[func].peer_arg
         rec.peers.append(-1 if peer_arg is None or peer_arg >= len(args) else _global_rank(func, args, peer_arg))
@@ -476,7 +498,7 @@ class Tracer(OpStream):
         kernels = pd.DataFrame({
             "rank": self.rank, "iteration": it, "op_index": range(n), "op_name": rec.op_names,
             "phase": rec.phases, "module": rec.modules, "start_us": starts, "duration_us": durs,
-            "peer": rec.peers,
+            "peer": rec.peers, "scratch_bytes": rec.scratch if len(rec.scratch) == n else 0,
         })
         accesses = pd.DataFrame({
             "rank": self.rank, "iteration": it, "op_index": rec.acc_op, "tensor_id": rec.acc_tid,

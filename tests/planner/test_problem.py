@@ -7,7 +7,8 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from planner import problem_from_profile
+from planner import Hardware, problem_from_profile
+from planner.make import plan_rank, summarize
 from tests.planner.helpers import make_profile
 
 
@@ -28,3 +29,37 @@ def test_op_times_are_the_median_of_the_recorded_iterations() -> None:
 def test_an_iteration_of_other_ops_is_left_out_of_the_times() -> None:
     prof = _two_iterations(["op0", "other", "op2"])
     assert problem_from_profile(prof).duration_us.tolist() == [100.0, 200.0, 300.0]
+
+
+def _with_scratch(scratch: list[int]):
+    """Four ops of 1 ms; a (100 B) used at ops 0 and 3, b (50 B) at every op; ``scratch`` per op."""
+    prof = make_profile([1000.0] * 4, [{"tensor_id": 0, "size_bytes": 100}, {"tensor_id": 1, "size_bytes": 50}],
+                        [(0, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1)])
+    return dataclasses.replace(prof, kernels=prof.kernels.assign(scratch_bytes=scratch))
+
+
+def test_an_ops_scratch_is_memory_it_needs_and_room_the_runtime_makes() -> None:
+    # NOTE [ Scratch ] in torch_patch.tracer: what an op allocates inside itself counts while it runs
+    problem = problem_from_profile(_with_scratch([0, 60, 0, 0]))
+    assert problem.memory_bytes.tolist() == [150, 210, 150, 150]
+    assert problem.made_bytes.tolist() == [0, 60, 0, 0]
+    assert problem_from_profile(_with_scratch([0, 0, 0, 0])).scratch_bytes is None
+
+
+def test_the_largest_scratch_of_the_recorded_iterations_is_planned_for() -> None:
+    prof = _with_scratch([0, 60, 0, 0])
+    again = prof.kernels.assign(iteration=2, scratch_bytes=[0, 40, 0, 70])
+    prof = dataclasses.replace(prof, kernels=pd.concat([prof.kernels, again], ignore_index=True))
+    assert problem_from_profile(prof).scratch_bytes.tolist() == [0, 60, 0, 70]
+
+
+def test_a_plan_makes_room_for_scratch_and_reports_the_tracked_peak_without_it() -> None:
+    hw = Hardware(gpu_mem_bytes=160, ssd_read_bw_bytes_per_s=1e9, ssd_write_bw_bytes_per_s=1e9,
+                  host_bw_bytes_per_s=1e9, host_mem_bytes=0)
+    assert plan_rank(problem_from_profile(_with_scratch([0, 0, 0, 0])), hw).moves == ()  # 150 B fit
+    planned = plan_rank(problem_from_profile(_with_scratch([0, 60, 0, 0])), hw)
+    assert [mv.tensor_id for mv in planned.moves] == [0]  # a is out while op 1's scratch is in
+    assert planned.sim.fits and planned.sim.resident_bytes[1] == 50 + 60
+    s = summarize(planned, hw)
+    assert s["max_scratch_bytes"] == 60 and s["peak_after_bytes"] <= 160
+    assert s["peak_tracked_after_bytes"] == 150  # ops 0 and 3, with a and b in and no scratch

@@ -39,6 +39,7 @@ def tiny_profile() -> Profile:
         "phase": ["forward", "forward", "forward", "backward"],
         "module": ["l1", None, None, "l1"],
         "start_us": [0.0, 10.0, 20.0, 30.0], "duration_us": [10.0, 10.0, 10.0, 10.0], "peer": -1,
+        "scratch_bytes": [0, 0, 5, 0],
     })
     tensors = pd.DataFrame({
         "rank": 0, "tensor_id": [0, 1, 2], "size_bytes": [100, 10, 1],
@@ -126,32 +127,55 @@ def test_damaged_and_foreign_files_are_named(tmp_path: Path) -> None:
         read_profile(tmp_path / "nowhere")
 
 
-def as_version_1(out: Path) -> None:
-    """Rewrite profile ``out`` as teraio 0.1 wrote it: format 1, no ``resizable`` or ``peer``."""
+def as_version(out: Path, version: int) -> None:
+    """Rewrite profile ``out`` as an older teraio wrote it: version 1 had no ``resizable`` or
+    ``peer``, version 2 no ``scratch_bytes``."""
+    dropped = {"kernels": ["scratch_bytes"] + (["peer"] if version == 1 else []),
+               "tensors": ["resizable"] if version == 1 else []}
+    fmt = f"teraio-profile/{version}"
     for name in ("kernels", "tensors", "accesses"):
-        table = pq.read_table(out / f"{name}.parquet")
-        if name in ("tensors", "kernels"):
-            table = table.drop(["resizable" if name == "tensors" else "peer"])
-        pq.write_table(table.replace_schema_metadata({b"format": b"teraio-profile/1"}), out / f"{name}.parquet")
+        table = pq.read_table(out / f"{name}.parquet").drop(dropped.get(name, []))
+        pq.write_table(table.replace_schema_metadata({b"format": fmt.encode()}), out / f"{name}.parquet")
     meta = json.loads((out / "meta.json").read_text())
-    (out / "meta.json").write_text(json.dumps({**meta, "format": "teraio-profile/1"}))
+    (out / "meta.json").write_text(json.dumps({**meta, "format": fmt}))
 
 
-def test_a_version_1_profile_reads_as_version_2_with_every_storage_resizable(tmp_path: Path) -> None:
+def test_a_version_2_profile_reads_with_no_scratch(tmp_path: Path) -> None:
+    out = write_profile(tiny_profile(), tmp_path / "p")
+    assert read_profile(out).kernels["scratch_bytes"].tolist() == [0, 0, 5, 0]
+    as_version(out, 2)
+    back = read_profile(out)
+    assert list(back.kernels.columns) == KERNELS_SCHEMA.names
+    assert back.kernels["scratch_bytes"].tolist() == [0, 0, 0, 0]
+    assert back.kernels["peer"].tolist() == [-1] * 4
+    again = write_profile(back, tmp_path / "again")
+    assert json.loads((again / "meta.json").read_text())["format"] == FORMAT == "teraio-profile/3"
+
+
+def test_negative_scratch_is_refused(tmp_path: Path) -> None:
+    p = tiny_profile()
+    out = write_profile(Profile(meta=p.meta, kernels=p.kernels.assign(scratch_bytes=[0, -1, 0, 0]),
+                                tensors=p.tensors, accesses=p.accesses), tmp_path / "p")
+    with pytest.raises(ProfileFormatError, match="negative scratch_bytes"):
+        read_profile(out)
+
+
+def test_a_version_1_profile_reads_as_the_current_version_with_every_storage_resizable(tmp_path: Path) -> None:
     p = tiny_profile()
     out = write_profile(Profile(meta=p.meta, kernels=p.kernels, tensors=p.tensors.assign(resizable=[True, False, True]),
                                 accesses=p.accesses), tmp_path / "p")
     assert list(read_profile(out).tensors["resizable"]) == [True, False, True]
-    as_version_1(out)
+    as_version(out, 1)
     back = read_profile(out)
     assert list(back.tensors.columns) == TENSORS_SCHEMA.names
     assert back.tensors["resizable"].tolist() == [True, True, True]
     assert list(back.kernels.columns) == KERNELS_SCHEMA.names and (back.kernels["peer"] == -1).all()
-    again = write_profile(back, tmp_path / "again")  # written back as version 2
-    assert json.loads((again / "meta.json").read_text())["format"] == FORMAT == "teraio-profile/2"
+    assert (back.kernels["scratch_bytes"] == 0).all()
+    again = write_profile(back, tmp_path / "again")  # written back as the current version
+    assert json.loads((again / "meta.json").read_text())["format"] == FORMAT == "teraio-profile/3"
     pq.write_table(pq.read_table(out / "kernels.parquet").replace_schema_metadata({b"format": FORMAT.encode()}),
                    out / "kernels.parquet")
-    with pytest.raises(ProfileFormatError, match="format 'teraio-profile/2', expected 'teraio-profile/1' as in meta"):
+    with pytest.raises(ProfileFormatError, match="format 'teraio-profile/3', expected 'teraio-profile/1' as in meta"):
         read_profile(out)
 
 

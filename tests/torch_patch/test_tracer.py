@@ -242,3 +242,25 @@ def test_a_storage_kept_for_good_gets_a_long_lived_id_that_nothing_else_takes() 
         assert long is not None and LONG_BASE <= long < CARRIED_FLAG
         assert flagged == produced_id(0, 0) | CARRIED_FLAG
     assert len({long for long, _ in ids[1:]}) == 1  # it keeps its long id
+
+
+def test_an_ops_scratch_is_recorded_on_cuda() -> None:
+    """NOTE [ Scratch ]: on an H200, ``_softmax_backward_data`` allocates a buffer the size of its
+    output inside itself; the profile records it, and no op records less than nothing."""
+    if not torch.cuda.is_available():
+        reason = "no CUDA device: the tracer measures scratch on CUDA only (CPU profiles record 0)"
+        print(reason)
+        pytest.skip(reason)
+    x = torch.randn(8, 256, 256, device="cuda", requires_grad=True)
+    opt = torch.optim.SGD([x], lr=0.1)
+
+    def step() -> None:
+        x.softmax(-1).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    tracer = trace(step)
+    k = tracer.profile({}).kernels
+    assert (k["scratch_bytes"] >= 0).all()
+    backward = k[k["op_name"] == "aten._softmax_backward_data.default"]
+    assert len(backward) == 2 and (backward["scratch_bytes"] == x.numel() * 4).all(), backward
