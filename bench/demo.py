@@ -76,7 +76,7 @@ def main() -> None:
     sh(*teraio("profile", EXAMPLE, "--out", out / "profile", "--", *ex))
     summary = json.loads(sh(*teraio("inspect", out / "profile", "--json")).stdout)
     peak = summary["peak_bytes"]
-    budget = int(peak * args.budget)
+    budget = int(summary["peak_needed_bytes"] * args.budget)  # the ops' scratch counted, as `--gpu-mem N%` does
     plan = sh(*teraio("plan", out / "profile", "--gpu-mem", str(budget), "--ssd-bw", args.ssd_bw,
                       "--out", out / "plan.json"))
     print(plan.stdout, end="")

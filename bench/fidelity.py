@@ -154,7 +154,7 @@ def main() -> None:
     for size in args.sizes:
         worst[f"time_error_max_{size}"] = max(r["time_err"] for r in rows if r["size"] == size)
         worst[f"peak_error_max_{size}"] = max(r["peak_err"] for r in rows if r["size"] == size)
-    if args.gpu:  # CUDA's allocated peak over the budget: libraries' workspaces, scratch not planned
+    if args.gpu:  # CUDA's allocated peak over the budget: what libraries hold outside any op
         worst["cuda_over_budget_max"] = max(r["cuda_over"] for r in rows)
     print(quiet.TALLY.line())
     print(f"bench time {time.monotonic() - started:.0f} s, of which {quiet.TALLY.spent_s:.0f} s waiting and repeating")

@@ -70,7 +70,13 @@ from planner.bound import phase_windows
 from planner.greedy import Move
 from planner.hardware import Hardware
 from planner.make import RankPlan, settle_urgency
-from planner.problem import PlanProblem, median_durations_us, previous_periods, problem_from_profile
+from planner.problem import (
+    PlanProblem,
+    median_durations_us,
+    op_scratch_bytes,
+    previous_periods,
+    problem_from_profile,
+)
 from planner.simulate import FREE_BW, simulate
 from profiles import Profile
 
@@ -257,6 +263,8 @@ def _zero(profile: Profile, hw: Hardware, rank: int, stage: int) -> tuple[PlanPr
     first = profile.kernels_of(rank)["iteration"].iloc[0] if len(profile.kernels) else 0
     kernels = profile.kernels_of(rank, first).copy()
     kernels["duration_us"] = median_durations_us(profile, rank, kernels)  # the planner's op times
+    if "scratch_bytes" in kernels:  # and its scratch: the most of the recorded iterations
+        kernels["scratch_bytes"] = op_scratch_bytes(profile, rank, kernels)
     tensors = profile.tensors_of(rank).copy()
     accesses = profile.accesses_of(rank, first).copy()
     kind_of = tensors.set_index("tensor_id")["kind"]
@@ -276,6 +284,8 @@ def _zero(profile: Profile, hw: Hardware, rank: int, stage: int) -> tuple[PlanPr
     if stage == 2:
         step_us += param_bytes / hw.host_bw_bytes_per_s * 1e6  # the updated parameters back to the device
     opt = (kernels["phase"] == "optimizer").to_numpy()
+    if "scratch_bytes" in kernels:
+        kernels.loc[opt, "scratch_bytes"] = 0  # the step runs on the CPU
     if opt.any():
         d = kernels.loc[opt, "duration_us"].to_numpy(np.float64)
         share = d / d.sum() if d.sum() > 0 else np.full(len(d), 1 / len(d))

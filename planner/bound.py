@@ -57,6 +57,10 @@ gives a bound; the function reports two and their maximum:
 ``A`` and ``Z`` are counted from the problem's inactive periods and the bytes
 each op accesses; a tensor idle at ``a`` whose period the problem leaves out (of
 size 0, or shorter than one op) is not counted, which only lowers the bound.
+What an op allocates inside itself (NOTE [ Scratch ] in ``torch_patch.tracer``)
+must be resident while it runs as its inputs and outputs must, and counts with
+them: ``A`` and ``Z`` are bytes that must be in at ``a`` (``b``), and at most
+``capacity`` of them are.
 """
 
 from __future__ import annotations
@@ -128,6 +132,13 @@ def _periods_unrolled(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.
             np.tile(written, 3))
 
 
+def _own_bytes(problem: PlanProblem) -> np.ndarray:
+    """(num_ops,) float64: what each op needs resident itself, its inputs, outputs and scratch (NOTE
+    [ Scratch ] in torch_patch.tracer)."""
+    own = problem.active_bytes.astype(np.float64)
+    return own if problem.scratch_bytes is None else own + problem.scratch_bytes
+
+
 def _used_bytes(problem: PlanProblem, first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per window ``[first, last]`` (unrolled ops, ``last < first + n``, both in ``[0, 2n)``): the bytes
     alive at ``first`` that the window accesses (``A``) and those alive at ``last`` (``Z``).
@@ -137,7 +148,7 @@ def _used_bytes(problem: PlanProblem, first: np.ndarray, last: np.ndarray) -> tu
     """
     n = problem.num_ops
     s, e, size, back, written = _periods_unrolled(problem)
-    act = problem.active_bytes.astype(np.float64)
+    act = _own_bytes(problem)
     reads = np.empty(len(first))
     writes = np.empty(len(first))
     for w, (a, b) in enumerate(zip(first.tolist(), last.tolist(), strict=True)):
@@ -164,7 +175,7 @@ def _used_bytes_per_op(problem: PlanProblem, first: np.ndarray) -> tuple[np.ndar
         np.add.at(diff, hi[keep], -sz[keep])
         return np.cumsum(diff)[:n]
 
-    act = problem.active_bytes.astype(np.float64)
+    act = _own_bytes(problem)
     # A(k): a period read back at e counts at the ops k of e's window with s < k < e.
     sel = back & (e >= 0) & (e < n)
     reads = act + swept(np.maximum(s[sel] + 1, win_first[e[sel]]), e[sel], size[sel])
@@ -192,10 +203,13 @@ def iteration_bound(problem: PlanProblem, hw: Hardware) -> Bound:
         return transfer_us(x, hw.ssd_write_bw_bytes_per_s, hw.host_bw_bytes_per_s, host)
 
     # The peak: reads over the iteration from the peak op, writes over the iteration up to it.
-    k = int(problem.memory_bytes.argmax())
-    reads, _ = _used_bytes(problem, np.array([k]), np.array([k + n - 1]))
-    _, writes = _used_bytes(problem, np.array([k + 1]), np.array([k + n]))
-    peak = max(ideal, float(t_read(reads - cap)[0]), float(t_write(writes - cap)[0]))
+    # Each op gives a bound; that of the op with the most tensor bytes, and that of the op that
+    # needs most with its scratch (NOTE [ Scratch ] in torch_patch.tracer) counted, are taken.
+    tensors = problem.memory_bytes - (0 if problem.scratch_bytes is None else problem.scratch_bytes)
+    at = np.unique([int(problem.memory_bytes.argmax()), int(tensors.argmax())])
+    reads, _ = _used_bytes(problem, at, at + n - 1)
+    _, writes = _used_bytes(problem, at + 1, at + n)
+    peak = max(ideal, float(t_read(reads - cap).max()), float(t_write(writes - cap).max()))
 
     first = phase_windows(problem)
     reads, writes = _used_bytes_per_op(problem, first)

@@ -11,11 +11,12 @@ class InfeasibleBudgetError(TeraioError, ValueError):
     """The device capacity is below what one op needs resident at once: no plan can fit."""
 
     def __init__(self, op_index: int, op_name: str, need_bytes: int, active_bytes: int,
-                 capacity_bytes: int) -> None:
+                 capacity_bytes: int, scratch_bytes: int = 0) -> None:
         gib = 1 << 30
+        inside = f", {scratch_bytes:,} it allocates inside itself" if scratch_bytes else ""
         super().__init__(
             f"op {op_index} ({op_name}) needs {need_bytes:,} bytes ({need_bytes / gib:.2f} GiB) "
-            f"resident at once ({active_bytes:,} bytes of its own inputs and outputs, the rest "
+            f"resident at once ({active_bytes:,} bytes of its own inputs and outputs{inside}, the rest "
             f"tensors that are never idle there), more than the capacity {capacity_bytes:,} bytes "
             f"({capacity_bytes / gib:.2f} GiB); the smallest capacity any plan can meet is {need_bytes:,} "
             f"bytes: raise --gpu-mem to that (`--gpu-mem min` plans at it) or shrink the batch"
@@ -25,6 +26,7 @@ class InfeasibleBudgetError(TeraioError, ValueError):
         self.need_bytes = need_bytes
         self.active_bytes = active_bytes
         self.capacity_bytes = capacity_bytes
+        self.scratch_bytes = scratch_bytes
 
 
 class PlanFormatError(TeraioError):

@@ -259,7 +259,7 @@ def resident_need_bytes(problem: PlanProblem) -> np.ndarray:
 
     That is the live bytes minus those of tensors idle at that op (strictly
     inside one of their inactive periods, trailing ones included); it includes
-    the op's own inputs and outputs.
+    the op's own inputs and outputs, and its scratch.
     """
     idle = np.zeros(problem.num_ops, np.int64)
     cyclic_add(idle, problem.start_op + 1, problem.end_op, problem.size_bytes)
@@ -271,5 +271,6 @@ def check_capacity(problem: PlanProblem, capacity_bytes: int) -> None:
     need = resident_need_bytes(problem)
     if problem.num_ops and need.max() > capacity_bytes:
         k = int(need.argmax())
+        scratch = int(problem.scratch_bytes[k]) if problem.scratch_bytes is not None else 0
         raise InfeasibleBudgetError(k, problem.op_names[k], int(need[k]),
-                                    int(problem.active_bytes[k]), capacity_bytes)
+                                    int(problem.active_bytes[k]), capacity_bytes, scratch)

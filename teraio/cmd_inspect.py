@@ -30,8 +30,11 @@ def summarize(profile: Any, rank: int = 0) -> dict[str, Any]:
 
     kernels = profile.kernels_of(rank)
     tensors = profile.tensors_of(rank)
+    from planner.problem import op_scratch_bytes
+
     mem = memory_curve(profile, rank)
     act = active_bytes(profile, rank)
+    scratch = op_scratch_bytes(profile, rank, kernels)  # NOTE [ Scratch ] in torch_patch.tracer
     peak_op = int(mem.argmax()) if len(mem) else 0
     from profiles import live_intervals
 
@@ -80,6 +83,10 @@ def summarize(profile: Any, rank: int = 0) -> dict[str, Any]:
         "peak_op": peak_op,
         "peak_op_name": str(kernels["op_name"].iloc[peak_op]) if len(kernels) else None,
         "peak_by_kind": {str(k): int(v) for k, v in at_peak.items()},
+        # with what each op allocates inside itself: the peak `teraio plan --gpu-mem N%` takes a share of
+        "peak_needed_bytes": int((mem + scratch).max()) if len(mem) else 0,
+        "max_scratch_bytes": int(scratch.max()) if len(scratch) else 0,
+        "max_scratch_op": int(scratch.argmax()) if len(scratch) else 0,
         "bytes_by_kind": {str(k): int(v) for k, v in tensors.groupby("kind")["size_bytes"].sum().items()},
         "active_fraction_mean": float(frac.mean()) if len(frac) else 0.0,
         "active_fraction_max": float(frac.max()) if len(frac) else 0.0,
@@ -230,6 +237,9 @@ def _print(s: dict[str, Any]) -> None:
     print(f"peak memory    {_mib(s['peak_bytes'])} at op {s['peak_op']} ({s['peak_op_name']})")
     for kind, b in sorted(s["peak_by_kind"].items(), key=lambda kv: -kv[1]):
         print(f"  {kind:<16}{_mib(b):>16}")
+    if s["max_scratch_bytes"]:
+        print(f"scratch        up to {_mib(s['max_scratch_bytes'])} allocated inside one op (op "
+              f"{s['max_scratch_op']}); with it, the iteration needs {_mib(s['peak_needed_bytes'])}")
     if s["first_iteration"] is not None:
         f = s["first_iteration"]
         print(f"iteration 0    {f['num_ops']:,} ops (set-up, optimizer state made), peak memory "

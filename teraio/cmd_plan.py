@@ -76,7 +76,8 @@ def _problems(profile: Any) -> list[Any]:
 
 def _relative_budget(text: str, problems: list[Any]) -> int:
     """``--gpu-mem min``: the smallest capacity any plan can meet on every rank; ``N%``: that
-    share of the largest rank's profiled peak."""
+    share of the largest rank's profiled peak, the ops' scratch counted (`teraio inspect`'s
+    ``peak_needed_bytes``)."""
     from planner.problem import resident_need_bytes
 
     if not any(p.num_ops for p in problems):
@@ -279,7 +280,8 @@ def compare_policies(profile: Any, problem: Any, hw: Any, rank_plan: Any, rank: 
 def plan(
     profile: Annotated[Path | None, PROFILE_ARG] = None,
     gpu_mem: Annotated[str | None, typer.Option(
-        help=f"Device memory to fit in, e.g. 80G ({_SIZE_HELP}); or a share of the profiled peak, "
+        help=f"Device memory to fit in, e.g. 80G ({_SIZE_HELP}); or a share of the profiled peak (with "
+             "what ops allocate inside themselves, as `teraio inspect` shows it), "
              "e.g. 50%; or min, the smallest capacity any plan can meet. Default: the profiled "
              "device's. It bounds the bytes of the tensors ops see and, from a GPU profile, what "
              "each op allocates inside itself while it runs: on a real GPU leave room for CUDA's "

@@ -47,10 +47,10 @@ def _summary(r: dict[str, Any]) -> str:
         over = budget is not None and cuda > 1.02 * budget
         scratch = pred.get("max_scratch_bytes")
         lines.insert(1, f"peak CUDA allocated {_mib(cuda)} from iteration 1" + (
-            f", {_mib(cuda - budget)} over the plan's {_mib(budget)}: CUDA also counts libraries' "
-            "workspaces, which teraio does not track" + ("" if scratch else (
-                ", and what ops allocate inside themselves, which the plan counts only from a "
-                "profile of teraio-profile/3 or later taken on the GPU (profile again)")) +
+            f", {_mib(cuda - budget)} over the plan's {_mib(budget)}: CUDA also counts what libraries "
+            "allocate outside any op, which teraio does not see" + ("" if scratch else (
+                "; a profile taken before teraio-profile/3 did not measure what ops allocate inside "
+                "themselves either (profile again)")) +
             "; plan with that much less --gpu-mem" if over else ""))
     if r["first_iteration_peak_bytes"] is not None:
         budget = r["first_iteration_budget_bytes"]

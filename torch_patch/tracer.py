@@ -42,10 +42,17 @@ __all__ = ["IrregularIterations", "IterationSummary", "ProfileComplete", "Tracer
 _READ, _WRITE = 0, 1
 
 
-def _allocated() -> dict[str, int]:
-    """CUDA's allocated bytes on the current device: ``current`` and ``peak`` (one read of the
-    allocator's statistics, not the several that ``memory_allocated`` and its peers make)."""
-    return torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]
+def _allocated(device: torch.device | None) -> tuple[int, int]:
+    """CUDA's allocated bytes on ``device`` (None: the current one), now and at their peak since the
+    counter was last restarted: one read of the allocator's statistics (``memory_allocated`` and its
+    peers make one each), (0, 0) before CUDA has allocated anything there."""
+    stats = torch.cuda.memory_stats_as_nested_dict(device).get("allocated_bytes", {}).get("all", {})
+    return int(stats.get("current", 0)), int(stats.get("peak", 0))
+
+
+def _cuda_device(inputs: list[tuple[int, torch.Tensor, bool]]) -> torch.device | None:
+    """The device of an op's first CUDA input: the one it allocates on (None: the current one)."""
+    return next((t.device for _, t, _ in inputs if t.is_cuda), None)
 
 
 class ProfileComplete(BaseException):  # noqa: N818 (a control-flow signal, not an error)
@@ -193,6 +200,9 @@ class Tracer(OpStream):
         self._place: tuple[int, int] | None = None
         self.on_iteration = on_iteration
         self.cuda_timing = torch.cuda.is_available() if cuda_timing is None else cuda_timing
+        # CUDA's allocated peak over the ops recorded so far and what ran before them, which
+        # ``torch.cuda.max_memory_allocated`` no longer gives (NOTE [ Scratch ])
+        self.cuda_peak_bytes = 0
         self.sizes: dict[int, int] = {}
         self.dtypes: dict[int, str] = {}
         self.kinds: dict[int, str] = {}
@@ -240,13 +250,15 @@ class Tracer(OpStream):
         self._note_peer(rec, func, args)
         if self.cuda_timing:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            before = _allocated()["current"]
-            torch.cuda.reset_peak_memory_stats()
+            device = _cuda_device(inputs)
+            before, peak_before = _allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
             start.record()
             out = func(*args, **kwargs)
             end.record()
-            after = _allocated()
-            rec.scratch.append(max(0, after["peak"] - max(before, after["current"])))
+            after, peak = _allocated(device)
+            rec.scratch.append(max(0, peak - max(before, after)))
+            self.cuda_peak_bytes = max(self.cuda_peak_bytes, peak_before, peak)
             rec.events.append((start, end))
             rec.start_ns.append(0)
             rec.dur_ns.append(0.0)
@@ -262,12 +274,15 @@ class Tracer(OpStream):
     # allocates a buffer the size of its output (512 MiB for the 2k GPU example's attention
     # scores), a reduction its partial sums. Measured on an H200, this put CUDA's peak 577 MiB
     # over a 2,713 MiB plan whose tracked bytes were on budget; with the scratch planned for, 65
-    # MiB over (cuBLAS's workspaces, allocated once and held). The tracer records each op's
+    # MiB over (what libraries allocate once and hold, outside any op). The tracer records each op's
     # scratch, the allocator's peak during the op over the larger of what was allocated before
-    # and after it (the peak counter is restarted before each op: a script that reads
-    # ``torch.cuda.max_memory_allocated`` under `teraio profile` sees a single op's peak), and
-    # the planner counts it as memory the op needs while it runs (``PlanProblem.scratch_bytes``).
-    # On the CPU nothing measures it: 0.
+    # and after it, on the device of its first CUDA input (the peak counter is restarted before
+    # each op: a script that reads ``torch.cuda.max_memory_allocated`` under `teraio profile` sees
+    # a single op's peak; ``Tracer.cuda_peak_bytes`` holds the run's), and the planner counts it as
+    # memory the op needs while it runs (``PlanProblem.scratch_bytes``). What another thread
+    # allocates on the device while an op runs (a loader that copies batches to the GPU on a thread
+    # of its own) counts as that op's scratch, which only leaves more room. On the CPU nothing
+    # measures it: 0.
     def _note_peer(self, rec: _Iteration, func: Any, args: tuple[Any, ...]) -> None:
         peer_arg = self._infos[func].peer_arg
         rec.peers.append(-1 if peer_arg is None or peer_arg >= len(args) else _global_rank(func, args, peer_arg))

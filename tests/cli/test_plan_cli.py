@@ -231,3 +231,29 @@ def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
     for way in ("read", "write"):  # as printed, 4 digits
         assert plans[1][f"ssd_{way}_bw_bytes_per_s"] == pytest.approx(
             measured["costs"][f"posix_{way}_bw_bytes_per_s"], rel=1e-3)
+
+
+def test_scratch_is_shown_planned_for_and_in_the_share_of_the_peak(tmp_path: Path) -> None:
+    """NOTE [ Scratch ] in torch_patch.tracer, through the CLI: a profile whose op allocates inside
+    itself (as a GPU profile records) shows it in `teraio inspect`, `--gpu-mem 50%` takes half of the
+    peak with it, and the plan leaves room for it and says so."""
+    p = synthetic_profile(4, 6, 3, seed=2)
+    plain = problem_from_profile(p)
+    k = int(plain.memory_bytes.argmax())
+    scratch = [0] * len(p.kernels)
+    scratch[k] = 1 << 30
+    write_profile(dataclasses.replace(p, kernels=p.kernels.assign(scratch_bytes=scratch)), tmp_path / "p")
+    r = run_teraio("inspect", tmp_path / "p")
+    assert r.returncode == 0, r.stderr
+    assert f"up to 1,024.0 MiB allocated inside one op (op {k})" in r.stdout
+    r = run_teraio("plan", tmp_path / "p", "--gpu-mem", "50%", "--ssd-bw", "16", "--no-compare",
+                   "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    assert "ops' scratch counted, up to 1.00 GiB" in r.stdout
+    plan = load_plan(tmp_path / "plan.json")
+    peak = int(plain.memory_bytes.max()) + (1 << 30)
+    assert plan.parameters["gpu_mem_bytes"] == peak // 2
+    s = plan.summary
+    assert s["max_scratch_bytes"] == 1 << 30 and s["peak_after_bytes"] <= peak // 2
+    assert s["peak_tracked_after_bytes"] <= s["peak_after_bytes"]
+    assert plan.made_bytes[0][k] >= 1 << 30  # the runtime makes room for it (NOTE [ Room ])

@@ -108,6 +108,8 @@ def test_inspect_summary_and_json(gpt_profile: Path) -> None:
     assert len(s["largest_tensors"]) == 10
     assert set(s["peak_by_kind"]) >= {"param", "activation"}
     assert sum(s["peak_by_kind"].values()) == s["peak_bytes"]
+    assert s["max_scratch_bytes"] == 0 and s["peak_needed_bytes"] == s["peak_bytes"]  # a CPU profile
+    assert "scratch" not in r.stdout
 
 
 def test_inspect_damaged_and_wrong_version(gpt_profile: Path, tmp_path: Path) -> None:

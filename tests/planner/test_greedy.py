@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -54,6 +56,16 @@ def test_capacity_below_one_op_names_the_op_and_bytes() -> None:
     assert err.value.need_bytes == 110
     assert "op 0 (op0) needs 110 bytes" in str(err.value) and "105 bytes" in str(err.value)
     assert isinstance(err.value, ValueError)
+    assert "inside itself" not in str(err.value)
+
+
+def test_capacity_below_one_op_counts_its_scratch() -> None:
+    prof = two_tensor_profile()
+    prof = dataclasses.replace(prof, kernels=prof.kernels.assign(scratch_bytes=[30] + [0] * (len(prof.kernels) - 1)))
+    with pytest.raises(InfeasibleBudgetError) as err:  # NOTE [ Scratch ]: 110 + 30 bytes at op 0
+        plan_greedy(problem_from_profile(prof), hw(135))
+    assert err.value.need_bytes == 140 and err.value.scratch_bytes == 30
+    assert "110 bytes of its own inputs and outputs, 30 it allocates inside itself" in str(err.value)
 
 
 def test_slow_bandwidth_plans_stalls_that_become_urgent() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -27,6 +28,12 @@ def cases(draw: st.DrawFn) -> tuple:
         activation_bytes=draw(st.sampled_from([1 << 20, 16 << 20, 64 << 20])),
         param_bytes=draw(st.sampled_from([1 << 20, 16 << 20])), op_us=draw(st.sampled_from([50.0, 500.0])),
     )
+    scratch_seed = draw(st.one_of(st.none(), st.integers(0, 10_000)))
+    if scratch_seed is not None:  # NOTE [ Scratch ]: what some ops allocate inside themselves
+        rng = np.random.default_rng(scratch_seed)
+        n = len(profile.kernels)
+        scratch = np.where(rng.random(n) < 0.2, rng.integers(1, 64 << 20, n), 0)
+        profile = dataclasses.replace(profile, kernels=profile.kernels.assign(scratch_bytes=scratch))
     problem = problem_from_profile(profile)
     need = int(resident_need_bytes(problem).max())
     peak = int(problem.memory_bytes.max())
