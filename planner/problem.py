@@ -100,17 +100,21 @@ class PlanProblem:
         return float(self.duration_us.sum())
 
 
-def median_durations_us(profile: Profile, rank: int, kernels: pd.DataFrame) -> np.ndarray:
-    """(num_ops,) float64: each op's median time over the recorded iterations whose ops are those of
-    ``kernels`` (the kept ones are: docs/formats.md): one iteration's times on a shared CPU were 6%
-    apart from the next's here, and the plan's prediction stands on their sum."""
+def _alike(profile: Profile, rank: int, kernels: pd.DataFrame, column: str, dtype: type) -> np.ndarray:
+    """(iterations, num_ops): ``column`` of each recorded iteration whose ops are those of ``kernels``
+    (the kept ones are: docs/formats.md); ``kernels``' own where none is."""
     names = kernels["op_name"].tolist()
     k = profile.kernels[profile.kernels["rank"] == rank]
-    times = [it["duration_us"].to_numpy(np.float64) for _, it in k.sort_values("op_index").groupby("iteration")
-             if it["op_name"].tolist() == names]
-    if len(times) < 2:
-        return kernels["duration_us"].to_numpy(np.float64).copy()
-    return np.median(np.stack(times), axis=0)
+    rows = [it[column].to_numpy(dtype) for _, it in k.sort_values("op_index").groupby("iteration")
+            if it["op_name"].tolist() == names]
+    return np.stack(rows) if rows else kernels[column].to_numpy(dtype)[None]
+
+
+def median_durations_us(profile: Profile, rank: int, kernels: pd.DataFrame) -> np.ndarray:
+    """(num_ops,) float64: each op's median time over the recorded iterations whose ops are those of
+    ``kernels``: one iteration's times on a shared CPU were 6% apart from the next's here, and the
+    plan's prediction stands on their sum."""
+    return np.median(_alike(profile, rank, kernels, "duration_us", np.float64), axis=0)
 
 
 def op_scratch_bytes(profile: Profile, rank: int, kernels: pd.DataFrame) -> np.ndarray:
@@ -118,13 +122,7 @@ def op_scratch_bytes(profile: Profile, rank: int, kernels: pd.DataFrame) -> np.n
     recorded iterations whose ops are those of ``kernels``: the plan must make room for the largest."""
     if "scratch_bytes" not in kernels:  # a profile made in memory without it: none measured
         return np.zeros(len(kernels), np.int64)
-    names = kernels["op_name"].tolist()
-    k = profile.kernels[profile.kernels["rank"] == rank]
-    per_iteration = [it["scratch_bytes"].to_numpy(np.int64) for _, it in k.sort_values("op_index").groupby("iteration")
-                     if it["op_name"].tolist() == names]
-    if not per_iteration:
-        return kernels["scratch_bytes"].to_numpy(np.int64).copy()
-    return np.max(np.stack(per_iteration), axis=0)
+    return _alike(profile, rank, kernels, "scratch_bytes", np.int64).max(axis=0)
 
 
 def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None = None) -> PlanProblem:
