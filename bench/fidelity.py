@@ -77,6 +77,12 @@ def main() -> None:
     args.sizes = args.sizes or (["2k", "4k"] if args.gpu else list(SIZES))
     if not set(args.sizes) <= set(sizes):
         p.error(f"--sizes: choose from {' '.join(sizes)}" + (" with --gpu" if args.gpu else " without --gpu"))
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("fidelity: skipped: --gpu and no CUDA device here (without --gpu it measures the CPU)")
+            return
     quiet.BUDGET_S = args.quiet_budget
     started = time.monotonic()
     rows = []
