@@ -47,10 +47,10 @@ bench: install
 # On a lent GPU machine, with its own torch and nothing installed: the tests that run on CUDA, the
 # predictions and the curve against checkpointing, in about 6 minutes (BENCHMARKS.md, the H200 section).
 gpu-check:
-	PYTHONPATH=. $(PYTHON) -m pytest -q -n 8 -p no:cacheprovider tests/torch_patch tests/runtime tests/profiles \
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -n 8 -p no:cacheprovider tests/torch_patch tests/runtime tests/profiles \
 		tests/cli/test_run_cli.py tests/cli/test_profile_cli.py
-	PYTHONPATH=. $(PYTHON) bench/fidelity.py --gpu --sizes 2k --steps 6 --quiet-budget 0
-	PYTHONPATH=. $(PYTHON) bench/rok_gpu.py --sizes 2k --peers recompute --steps 6
+	PYTHONPATH=$(CURDIR) $(PYTHON) bench/fidelity.py --gpu --sizes 2k --steps 6 --quiet-budget 0
+	PYTHONPATH=$(CURDIR) $(PYTHON) bench/rok_gpu.py --sizes 2k --peers recompute --steps 6
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache .mypy_cache .ruff_cache

@@ -96,7 +96,7 @@ def main() -> None:
           f"   (budget {mib(budget)})")
     first = json.loads((out / "plan.json").read_text()).get("first_iteration")
     if first is not None and report["first_iteration_peak_bytes"] is not None:
-        print(f"{'peak tracked (iteration 0)':28}{mib(first['summary']['peak_before_bytes']):>14}"
+        print(f"{'peak (iteration 0)':28}{mib(first['summary']['peak_before_bytes']):>14}"
               f"{mib(report['first_iteration_peak_bytes']):>14}"
               f"   (budget {mib(first['parameters']['gpu_mem_bytes'])})")
     if report["iteration_peak_cuda_allocated_bytes"]:

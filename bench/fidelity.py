@@ -148,7 +148,7 @@ def main() -> None:
     print()
     print("| example | budget | iteration predicted | measured | error | plain drift | error at the drift | "
           "predicted: ops (plain run) / runtime per op / faults / copies / stalls | stalls measured | "
-          "ops stalled predicted / waits measured per iteration | "
+          "ops stalled predicted / waits measured per iteration (all iterations, the first too) | "
           "tracked peak predicted | measured | error |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:

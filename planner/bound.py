@@ -59,8 +59,7 @@ each op accesses; a tensor idle at ``a`` whose period the problem leaves out (of
 size 0, or shorter than one op) is not counted, which only lowers the bound.
 What an op allocates inside itself (NOTE [ Scratch ] in ``torch_patch.tracer``)
 must be resident while it runs as its inputs and outputs must, and counts with
-them: ``A`` and ``Z`` are bytes that must be in at ``a`` (``b``), and at most
-``capacity`` of them are.
+them: at most ``capacity`` bytes are in at ``a`` (``b``), the scratch among them.
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def _print(s: dict[str, Any]) -> None:
         print(f"  {kind:<16}{_mib(b):>16}")
     if s["max_scratch_bytes"]:
         print(f"scratch        up to {_mib(s['max_scratch_bytes'])} allocated inside one op (op "
-              f"{s['max_scratch_op']}); with it, the iteration needs {_mib(s['peak_needed_bytes'])}")
+              f"{s['max_scratch_op']}); with it, the peak with nothing moved is {_mib(s['peak_needed_bytes'])}")
     if s["first_iteration"] is not None:
         f = s["first_iteration"]
         print(f"iteration 0    {f['num_ops']:,} ops (set-up, optimizer state made), peak memory "

@@ -49,8 +49,8 @@ def _summary(r: dict[str, Any]) -> str:
         lines.insert(1, f"peak CUDA allocated {_mib(cuda)} from iteration 1" + (
             f", {_mib(cuda - budget)} over the plan's {_mib(budget)}: CUDA also counts what libraries "
             "allocate outside any op, which teraio does not see" + ("" if scratch else (
-                "; a profile taken before teraio-profile/3 did not measure what ops allocate inside "
-                "themselves either (profile again)")) +
+                "; the plan counts nothing that ops allocate inside themselves: its profile measured "
+                "none (a profile taken before teraio-profile/3, or not on this GPU: profile again here)")) +
             "; plan with that much less --gpu-mem" if over else ""))
     if r["first_iteration_peak_bytes"] is not None:
         budget = r["first_iteration_budget_bytes"]
