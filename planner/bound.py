@@ -134,8 +134,7 @@ def _periods_unrolled(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.
 def _own_bytes(problem: PlanProblem) -> np.ndarray:
     """(num_ops,) float64: what each op needs resident itself, its inputs, outputs and scratch (NOTE
     [ Scratch ] in torch_patch.tracer)."""
-    own = problem.active_bytes.astype(np.float64)
-    return own if problem.scratch_bytes is None else own + problem.scratch_bytes
+    return problem.active_bytes.astype(np.float64) + problem.scratch
 
 
 def _used_bytes(problem: PlanProblem, first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -204,7 +203,7 @@ def iteration_bound(problem: PlanProblem, hw: Hardware) -> Bound:
     # The peak: reads over the iteration from the peak op, writes over the iteration up to it.
     # Each op gives a bound; that of the op with the most tensor bytes, and that of the op that
     # needs most with its scratch (NOTE [ Scratch ] in torch_patch.tracer) counted, are taken.
-    tensors = problem.memory_bytes - (0 if problem.scratch_bytes is None else problem.scratch_bytes)
+    tensors = problem.memory_bytes - problem.scratch
     at = np.unique([int(problem.memory_bytes.argmax()), int(tensors.argmax())])
     reads, _ = _used_bytes(problem, at, at + n - 1)
     _, writes = _used_bytes(problem, at + 1, at + n)

@@ -212,7 +212,7 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
             to[mv.target] += mv.size_bytes
     util = sim.utilisation()
     bound = iteration_bound(p, hw)
-    scratch = p.scratch_bytes if p.scratch_bytes is not None else np.zeros(p.num_ops, np.int64)
+    scratch = p.scratch
     return {
         "num_ops": p.num_ops,
         "num_inactive_periods": p.num_periods,

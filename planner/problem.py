@@ -87,6 +87,11 @@ class PlanProblem:
         return len(self.duration_us)
 
     @property
+    def scratch(self) -> np.ndarray:
+        """(num_ops,) int64: ``scratch_bytes``, zeros where none was measured."""
+        return np.zeros(self.num_ops, np.int64) if self.scratch_bytes is None else self.scratch_bytes
+
+    @property
     def num_periods(self) -> int:
         return len(self.tensor_id)
 
@@ -269,6 +274,5 @@ def check_capacity(problem: PlanProblem, capacity_bytes: int) -> None:
     need = resident_need_bytes(problem)
     if problem.num_ops and need.max() > capacity_bytes:
         k = int(need.argmax())
-        scratch = int(problem.scratch_bytes[k]) if problem.scratch_bytes is not None else 0
         raise InfeasibleBudgetError(k, problem.op_names[k], int(need[k]),
-                                    int(problem.active_bytes[k]), capacity_bytes, scratch)
+                                    int(problem.active_bytes[k]), capacity_bytes, int(problem.scratch[k]))
