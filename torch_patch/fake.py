@@ -97,8 +97,7 @@ class FakeTracer(Tracer):
         if rec is not None:
             self._note_peer(rec, func, args)
             us = self.cost_model.op_us(func, args, kwargs, [t for _, t, _ in inputs], out)
-            rec.start_ns.append(self._clock_ns)
-            rec.dur_ns.append(us * 1e3)
+            rec.timed(self._clock_ns, us * 1e3)
             self._clock_ns += us * 1e3
         return out
 

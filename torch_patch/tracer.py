@@ -177,7 +177,14 @@ class _Iteration:
         self.acc_kind: list[int] = []
         self.alloc: dict[int, int] = {}  # tensor id -> op index
         self.frees: dict[int, int] = {}  # tensor id -> first op it is not alive at
-        self.events: list[tuple[Any, Any]] = []
+        self.events: list[tuple[Any, Any] | None] = []  # CUDA clock: each op's (start, end) events
+
+    def timed(self, start_ns: float, dur_ns: float, scratch: int = 0, events: tuple[Any, Any] | None = None) -> None:
+        """Record an op's timing: on the host's clock, or its CUDA ``events`` (NOTE [ Clock ])."""
+        self.start_ns.append(start_ns)
+        self.dur_ns.append(dur_ns)
+        self.scratch.append(scratch)
+        self.events.append(events)
 
 
 class Tracer(OpStream):
@@ -199,7 +206,10 @@ class Tracer(OpStream):
         self.max_skipped = max_skipped
         self._place: tuple[int, int] | None = None
         self.on_iteration = on_iteration
-        self.cuda_timing = torch.cuda.is_available() if cuda_timing is None else cuda_timing
+        # NOTE [ Clock ]: the clock is CUDA's events once the script has touched a CUDA tensor,
+        # the host's before that and for a script that never does (None: choose so; a bool forces it)
+        self.cuda_timing = bool(cuda_timing)
+        self._choose_clock = cuda_timing is None and torch.cuda.is_available()
         # CUDA's allocated peak over the ops recorded so far and what ran before them, which
         # ``torch.cuda.max_memory_allocated`` no longer gives (NOTE [ Scratch ])
         self.cuda_peak_bytes = 0
@@ -248,6 +258,7 @@ class Tracer(OpStream):
         if rec is None:
             return func(*args, **kwargs)
         self._note_peer(rec, func, args)
+        t0 = self._now()
         if self.cuda_timing:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             device = _cuda_device(inputs)
@@ -257,16 +268,11 @@ class Tracer(OpStream):
             out = func(*args, **kwargs)
             end.record()
             after, peak = _allocated(device)
-            rec.scratch.append(max(0, peak - max(before, after)))
             self.cuda_peak_bytes = max(self.cuda_peak_bytes, peak_before, peak)
-            rec.events.append((start, end))
-            rec.start_ns.append(0)
-            rec.dur_ns.append(0.0)
+            rec.timed(t0, 0.0, max(0, peak - max(before, after)), (start, end))
         else:
-            t0 = self._now()
             out = func(*args, **kwargs)
-            rec.start_ns.append(t0)
-            rec.dur_ns.append(float(self._now() - t0))
+            rec.timed(t0, float(self._now() - t0))
         return out
 
     # NOTE [ Scratch ]: on CUDA an op may allocate memory inside itself and free it before it
@@ -283,12 +289,23 @@ class Tracer(OpStream):
     # allocates on the device while an op runs (a loader that copies batches to the GPU on a thread
     # of its own) counts as that op's scratch, which only leaves more room. On the CPU nothing
     # measures it: 0.
+    # NOTE [ Clock ]: an op on CUDA returns once its kernels are queued, so the host's clock would
+    # time the launch; CUDA events time the kernels. Which clock to use is the script's choice of
+    # device, not the machine's: a script that trains on the CPU, profiled on a machine with a GPU,
+    # must keep the host's clock (with events it records ops of about 0 us and a `cuda` profile).
+    # So the tracer times with the host's clock until an op's input or output is a CUDA tensor, and
+    # with events from the next op on; the iteration where that happens (iteration 0, where a
+    # script moves its model to the GPU) places the event-timed ops on the host's time line from
+    # the first of them. A script that keeps its model on the CPU and puts one tensor on a GPU gets
+    # the CUDA clock for its CPU ops too, which times them as about 0 us: not supported.
     def _note_peer(self, rec: _Iteration, func: Any, args: tuple[Any, ...]) -> None:
         peer_arg = self._infos[func].peer_arg
         rec.peers.append(-1 if peer_arg is None or peer_arg >= len(args) else _global_rank(func, args, peer_arg))
 
     def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+        if self._choose_clock and not self.cuda_timing:
+            self.cuda_timing = any(t.is_cuda for _, t, _ in inputs) or any(t.is_cuda for _, t, _ in outputs)
         rec = self._rec
         if rec is None:
             for tid, t, new in outputs:  # keep sizes of storages that outlive the warm-up
@@ -502,18 +519,19 @@ class Tracer(OpStream):
         if it == 1:
             self.first_carried = {new: old for old, new in pairs.items()}
         n = len(rec.op_names)
-        if self.cuda_timing and rec.events:
+        starts = [(t - self._t0) / 1e3 for t in rec.start_ns]
+        durs = [d / 1e3 for d in rec.dur_ns]
+        timed = [(i, e) for i, e in enumerate(rec.events) if e is not None]
+        if timed:  # NOTE [ Clock ]: from the first op the CUDA clock timed, on its time line
             torch.cuda.synchronize()
-            first = rec.events[0][0]
-            starts = [first.elapsed_time(s) * 1e3 for s, _ in rec.events]
-            durs = [s.elapsed_time(e) * 1e3 for s, e in rec.events]
-        else:
-            starts = [(t - self._t0) / 1e3 for t in rec.start_ns]
-            durs = [d / 1e3 for d in rec.dur_ns]
+            at, first = starts[timed[0][0]], timed[0][1][0]
+            for i, (start, end) in timed:
+                starts[i] = at + first.elapsed_time(start) * 1e3
+                durs[i] = start.elapsed_time(end) * 1e3
         kernels = pd.DataFrame({
             "rank": self.rank, "iteration": it, "op_index": range(n), "op_name": rec.op_names,
             "phase": rec.phases, "module": rec.modules, "start_us": starts, "duration_us": durs,
-            "peer": rec.peers, "scratch_bytes": rec.scratch if len(rec.scratch) == n else 0,
+            "peer": rec.peers, "scratch_bytes": rec.scratch,
         })
         accesses = pd.DataFrame({
             "rank": self.rank, "iteration": it, "op_index": rec.acc_op, "tensor_id": rec.acc_tid,

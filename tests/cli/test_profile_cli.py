@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from profiles import read_profile
 from tests.conftest import EXAMPLE, SMALL_GPT, run_teraio
 
 
@@ -108,8 +109,12 @@ def test_inspect_summary_and_json(gpt_profile: Path) -> None:
     assert len(s["largest_tensors"]) == 10
     assert set(s["peak_by_kind"]) >= {"param", "activation"}
     assert sum(s["peak_by_kind"].values()) == s["peak_bytes"]
-    assert s["max_scratch_bytes"] == 0 and s["peak_needed_bytes"] == s["peak_bytes"]  # a CPU profile
-    assert "scratch" not in r.stdout
+    if read_profile(gpt_profile).meta["device_type"] == "cpu":  # nothing measures scratch there
+        assert s["max_scratch_bytes"] == 0 and s["peak_needed_bytes"] == s["peak_bytes"]
+        assert "scratch" not in r.stdout
+    else:  # NOTE [ Scratch ]: measured on CUDA (an H200: 32 KiB for the example's small model)
+        assert s["max_scratch_bytes"] > 0 and s["peak_needed_bytes"] >= s["peak_bytes"]
+        assert "scratch" in r.stdout
 
 
 def test_inspect_damaged_and_wrong_version(gpt_profile: Path, tmp_path: Path) -> None:

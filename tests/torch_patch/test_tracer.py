@@ -264,3 +264,38 @@ def test_an_ops_scratch_is_recorded_on_cuda() -> None:
     assert (k["scratch_bytes"] >= 0).all()
     backward = k[k["op_name"] == "aten._softmax_backward_data.default"]
     assert len(backward) == 2 and (backward["scratch_bytes"] == x.numel() * 4).all(), backward
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_clock_is_the_scripts_device(device: str) -> None:
+    """NOTE [ Clock ]: on a machine with a GPU, a script that trains on the CPU is timed by the
+    host's clock and makes a `cpu` profile; one that moves its model to the GPU in iteration 0 is
+    timed by CUDA's events from then on, its first iteration on one time line."""
+    if device == "cuda" and not torch.cuda.is_available():
+        reason = "no CUDA device: a script on one is timed by CUDA's events"
+        print(reason)
+        pytest.skip(reason)
+    w = torch.zeros(512, 512, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+    state = {"w": w}
+
+    def step() -> None:
+        if state["w"].device.type != device:  # in iteration 0, as a script moves its model
+            state["w"] = state["w"].detach().to(device).requires_grad_()
+            opt.param_groups[0]["params"] = [state["w"]]
+        x = torch.randn(256, 512, device=device)
+        (x @ state["w"]).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    p = trace(step).profile({})
+    assert p.meta["device_type"] == device
+    k = p.kernels
+    assert (k["duration_us"] >= 0).all(), k[k["duration_us"] < 0]
+    if device == "cpu":  # a matmul of 256x512x512 on the CPU, not CUDA's ~0 for a host op
+        mm = k[k["op_name"] == "aten.mm.default"]
+        assert len(mm) and (mm["duration_us"] > 1).all(), mm
+    first = p.first.kernels if p.first is not None else None
+    assert first is not None
+    ends = first["start_us"] + first["duration_us"]
+    assert (first["start_us"].diff().dropna() >= 0).all() and ends.max() < 60e6, first
