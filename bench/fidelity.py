@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -60,6 +61,15 @@ from run_overhead import steps  # noqa: E402
 from planner import problem_from_profile  # noqa: E402
 from planner.problem import resident_need_bytes  # noqa: E402
 from profiles import read_profile  # noqa: E402
+
+
+def moved(report: dict[str, Any]) -> str:
+    """What a run wrote and read, and how fast while each direction moved bytes."""
+    out = []
+    for what, key, bw in (("wrote", "bytes_written", report["write_bandwidth_bytes_per_s"]),
+                          ("read", "bytes_read", report["read_bandwidth_bytes_per_s"])):
+        out.append(f"{what} {sum(report[key].values()) / 2**30:.1f} GiB" + (f" at {bw / 1e9:.1f} GB/s" if bw else ""))
+    return ", ".join(out)
 
 
 def main() -> None:
@@ -144,7 +154,8 @@ def main() -> None:
                 print(f"{size} {share}: predicted {time_pred * 1e3:,.0f} ms, measured {time_meas * 1e3:,.0f} ms "
                       f"(plain runs beside it {drift:.2f}x the first); "
                       f"peak predicted {peak_pred / MIB:.1f} MiB, measured {peak_meas / MIB:.1f} MiB"
-                      + (f", CUDA's {max(cuda) / MIB:.1f} MiB" if cuda else ""), flush=True)
+                      + (f", CUDA's {max(cuda) / MIB:.1f} MiB" if cuda else "")
+                      + "; " + moved(r), flush=True)
     print()
     print("| example | budget | iteration predicted | measured | error | plain drift | error at the drift | "
           "predicted: ops (plain run) / runtime per op / faults / copies / stalls | stalls measured | "

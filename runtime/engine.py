@@ -73,7 +73,9 @@ class Done:
 
 @dataclass(eq=False)
 class Job:
-    """One transfer. ``work`` runs on a worker; ``error`` is set if it raised."""
+    """One transfer. ``work`` runs on a worker, after ``ready`` (what it waits for before it can
+    move a byte, as a CUDA job waits for the compute to reach it; not counted as busy time);
+    ``error`` is set if either raised."""
 
     tensor_id: int
     direction: str  # "write" | "read"
@@ -88,6 +90,7 @@ class Job:
     busy_s: float = 0.0
     taken: bool = False
     cancelled: bool = False  # dropped before a worker took it: it moved nothing
+    ready: Callable[[], None] | None = None
 
     # NOTE [ Releasing jobs ]: ``work`` holds a view of the storage the job moves, and a
     # failed job's traceback the frames that hold it: either keeps the storage alive
@@ -98,6 +101,7 @@ class Job:
     def release(self) -> None:
         """Drop the job's hold on the storage it moved; main thread, once done."""
         self.work = _done
+        self.ready = None
         if self.error is not None:
             self.error = self.error.with_traceback(None)
 
@@ -118,7 +122,10 @@ class MigrationEngine:
             for d in self._queued for i in range(num_workers)
         ]
         self.bytes_moved = {"write": 0, "read": 0}
+        # per direction: the time at least one transfer was moving bytes, and since when
         self.busy_s = {"write": 0.0, "read": 0.0}
+        self._moving = {"write": 0, "read": 0}
+        self._since = {"write": 0.0, "read": 0.0}
         for t in self._threads:
             t.start()
 
@@ -177,18 +184,34 @@ class MigrationEngine:
                 return
 
     def _run(self, job: Job) -> None:
-        t0 = time.perf_counter()
+        d = job.direction
         try:
-            job.work()
+            if job.ready is not None:
+                job.ready()
+            t0 = self._moved(d, +1)
+            try:
+                job.work()
+            finally:
+                job.busy_s = self._moved(d, -1) - t0
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             job.error = exc
-        job.busy_s = time.perf_counter() - t0
         if job.error is None:
             with self._take:  # two workers of a direction may end at once
-                self.bytes_moved[job.direction] += job.nbytes
-                self.busy_s[job.direction] += job.busy_s
+                self.bytes_moved[d] += job.nbytes
         self.completed.append(job)
         job.done.set()
+
+    def _moved(self, direction: str, change: int) -> float:
+        """A transfer in ``direction`` starts (+1) or ends (-1): the link's busy time is the time
+        any one moves (two at once are not twice as busy). Now, in ``time.perf_counter``."""
+        with self._take:
+            now = time.perf_counter()
+            if self._moving[direction] == 0:
+                self._since[direction] = now
+            self._moving[direction] += change
+            if self._moving[direction] == 0:
+                self.busy_s[direction] += now - self._since[direction]
+        return now
 
     def close(self) -> None:
         """Run every queued job, then stop the workers."""

@@ -80,8 +80,6 @@ class RunStats:
     failed_writes: int = 0
     bytes_written: dict[str, int] = field(default_factory=lambda: {"ssd": 0, "host": 0})
     bytes_read: dict[str, int] = field(default_factory=lambda: {"ssd": 0, "host": 0})
-    write_busy_s: float = 0.0
-    read_busy_s: float = 0.0
     tracked_bytes: int = 0
     peak_tracked_bytes: int = 0  # since the last iteration boundary
     iteration_s: list[float] = field(default_factory=list)
@@ -95,6 +93,8 @@ class RunStats:
     other_sizes: int = 0  # planned offloads left out: their storage had another size
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
     dropped_copies: int = 0  # kept copies an op wrote over before their offload came
+    # per direction: the engine's bytes moved and busy time when iteration 0 ended
+    first_moved: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 # NOTE [ Copy streams ]: a worker's device copies run on a CUDA stream of its own
@@ -103,21 +103,22 @@ class RunStats:
 # after them, and no transfer would overlap compute. Ordering with the compute
 # stream is kept by hand: the job first waits (on the host) for an event recorded
 # when it was submitted, so every kernel that wrote the source, or used the
-# freshly reallocated destination's memory before, is done; the job ends with its
-# stream synchronized, so the main thread's wait for the job covers the copy.
+# freshly reallocated destination's memory before, is done (the job's ``ready``:
+# the run report's bandwidths leave that wait out); the job ends with its stream
+# synchronized, so the main thread's wait for the job covers the copy.
 _worker = threading.local()
 
 
-def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> Callable[[], None]:
-    """``work`` as a job for a worker thread; see NOTE [ Copy streams ]."""
+def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> tuple[Callable[[], None] | None, Callable[[], None]]:
+    """``work`` as a job for a worker thread: (what it waits for first, the transfer); see
+    NOTE [ Copy streams ]."""
     if not tensor.is_cuda:
-        return work
+        return None, work
     event = torch.cuda.Event()
     event.record()
     device = tensor.device
 
     def run() -> None:
-        event.synchronize()
         streams = _worker.__dict__.setdefault("streams", {})
         stream = streams.get(device)
         if stream is None:
@@ -126,7 +127,7 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> Callable[[], 
             work()
         stream.synchronize()
 
-    return run
+    return event.synchronize, run
 
 
 class PlanExecutor(OpStream):
@@ -320,8 +321,8 @@ class PlanExecutor(OpStream):
         def work() -> None:
             backend.write(key, src)
 
-        job = self.engine.submit(Job(tid, "write", storage.nbytes(), _off_stream(work, src), urgent,
-                                     target, priority))
+        ready, run = _off_stream(work, src)
+        job = self.engine.submit(Job(tid, "write", storage.nbytes(), run, urgent, target, priority, ready=ready))
         entry = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target, weakref.ref(storage),
                        key, job)
         self.moved[tid] = entry
@@ -352,8 +353,8 @@ class PlanExecutor(OpStream):
             backend.read(key, dst)
 
         entry.keep_copy = keep_copy
-        entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, _off_stream(work, dst), urgent,
-                                           entry.target, priority))
+        ready, run = _off_stream(work, dst)
+        entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, run, urgent, entry.target, priority, ready=ready))
         entry.state = Residency.FETCHING
 
     # NOTE [ Copies kept ] in planner.clean: a planned prefetch may leave its copy in the backend
@@ -495,15 +496,11 @@ class PlanExecutor(OpStream):
             self._finish_read(job, entry, errors)
 
     def _count(self, job: Job) -> None:
-        """Bytes and busy time of a job that moved its bytes."""
+        """The bytes of a job that moved them."""
         if job.error is not None or job.cancelled:
             return
-        if job.direction == "write":
-            self.stats.bytes_written[job.target] += job.nbytes
-            self.stats.write_busy_s += job.busy_s
-        else:
-            self.stats.bytes_read[job.target] += job.nbytes
-            self.stats.read_busy_s += job.busy_s
+        moved = self.stats.bytes_written if job.direction == "write" else self.stats.bytes_read
+        moved[job.target] += job.nbytes
 
     def _finish_write(self, job: Job, entry: _Entry) -> None:
         tid = job.tensor_id
@@ -701,6 +698,8 @@ class PlanExecutor(OpStream):
         s.iteration_followed.append(self._ending is not Ending.ON_DEMAND)
         self._iter_stall_s0 = s.stall_s
         self._iter_t0 = now
+        if len(s.iteration_s) == 1:  # what iteration 0 moved, and in what time, apart
+            s.first_moved = {d: (self.engine.bytes_moved[d], self.engine.busy_s[d]) for d in ("write", "read")}
         rss = peak_rss_since_reset()
         if rss is not None:
             s.iteration_peak_rss_bytes.append(rss)

@@ -67,6 +67,8 @@ def test_run_under_a_plan_is_bit_identical_and_within_budget(
 
     report = json.loads((tmp_path / "run.json").read_text())
     assert sum(report["bytes_written"].values()) > 0 and sum(report["bytes_read"].values()) > 0
+    # from iteration 1 on, over the time each direction moved bytes (NOTE [ Copy streams ])
+    assert report["write_bandwidth_bytes_per_s"] > 0 and report["read_bandwidth_bytes_per_s"] > 0
     assert report["unfollowed_iterations"] == []
     if share == "min":  # its plan frees parameters against their kept copies (NOTE [ Copies kept ])
         assert any(m.get("reuse_copy") for m in plan["ranks"]["0"])

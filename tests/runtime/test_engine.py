@@ -7,6 +7,7 @@ import functools
 import itertools
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from types import CodeType, FrameType
@@ -80,6 +81,24 @@ def test_a_job_no_worker_took_is_cancelled_and_a_running_one_is_not() -> None:
         assert later.done.wait(30)
         assert ran == [2]  # the cancelled job's work never ran; its queue entry was skipped
         assert engine.bytes_moved["write"] == 16 and list(engine.completed) == [queued, running, later]
+    finally:
+        engine.close()
+
+
+def test_busy_time_is_the_time_a_direction_moves_bytes() -> None:
+    """The run report's bandwidths: two transfers at once keep the link busy once, not twice,
+    and what a job waits for before it moves a byte (a CUDA job, for the compute to reach it)
+    is not busy time."""
+    engine = MigrationEngine(num_workers=2)
+    try:
+        both = threading.Barrier(2)
+        jobs = [engine.submit(Job(i, "write", 8, lambda: (both.wait(30), time.sleep(0.3)))) for i in (0, 1)]
+        assert all(j.done.wait(30) for j in jobs) and not any(j.error for j in jobs)
+        one_at_a_time = sum(j.busy_s for j in jobs)
+        assert 0.3 <= engine.busy_s["write"] < 0.9 * one_at_a_time
+        late = engine.submit(Job(2, "read", 8, lambda: None, ready=lambda: time.sleep(0.3)))
+        assert late.done.wait(30) and late.error is None
+        assert late.busy_s < 0.3 and engine.busy_s["read"] < 0.3 and engine.bytes_moved["read"] == 8
     finally:
         engine.close()
 
