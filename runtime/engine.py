@@ -37,6 +37,15 @@ from typing import Any
 __all__ = ["Done", "Job", "MigrationEngine"]
 
 
+def _may_start(job: Job) -> bool:
+    if job.after is None:
+        return True
+    try:
+        return bool(job.after.query())
+    except BaseException:  # noqa: BLE001 - its work meets the same error and hands it on
+        return True
+
+
 def _done() -> None:
     """The ``work`` of a job that has run."""
 
@@ -73,9 +82,8 @@ class Done:
 
 @dataclass(eq=False)
 class Job:
-    """One transfer. ``work`` runs on a worker, after ``ready`` (what it waits for before it can
-    move a byte, as a CUDA job waits for the compute to reach it; not counted as busy time);
-    ``error`` is set if either raised."""
+    """One transfer. ``work`` runs on a worker once ``after`` has happened (NOTE [ Jobs that wait
+    for the compute ]); ``error`` is set if it raised."""
 
     tensor_id: int
     direction: str  # "write" | "read"
@@ -90,7 +98,9 @@ class Job:
     busy_s: float = 0.0
     taken: bool = False
     cancelled: bool = False  # dropped before a worker took it: it moved nothing
-    ready: Callable[[], None] | None = None
+    # what must have happened before the job starts, with ``query()`` (whether it has, at once) and
+    # ``synchronize()`` (wait for it): a CUDA event recorded as the job was submitted; None: nothing
+    after: Any = None
 
     # NOTE [ Releasing jobs ]: ``work`` holds a view of the storage the job moves, and a
     # failed job's traceback the frames that hold it: either keeps the storage alive
@@ -101,7 +111,7 @@ class Job:
     def release(self) -> None:
         """Drop the job's hold on the storage it moved; main thread, once done."""
         self.work = _done
-        self.ready = None
+        self.after = None
         if self.error is not None:
             self.error = self.error.with_traceback(None)
 
@@ -164,30 +174,60 @@ class MigrationEngine:
             self._wake[job.direction].put(None)
         return job.done.wait(timeout)
 
-    def _next(self, direction: str) -> Job | None:
+    # NOTE [ Jobs that wait for the compute ]: a CUDA job may start only once the GPU has run the
+    # kernels launched before it was submitted (NOTE [ Copy streams ] in runtime.executor), and the
+    # host runs ahead of the GPU. A worker that took the next job in the queue's order and waited
+    # for that would hold up every job behind it whose kernels have run: with prefetches started
+    # as early as there is room and served by deadline (NOTE [ Prefetch early, serve by deadline ] in
+    # planner.early), the
+    # job due first is often submitted last. So a worker takes the first job, in the queue's order,
+    # that may start now; where none may, it waits for the one submitted first (the compute runs in
+    # order, so that one may start first) and looks again. As the simulator counts it, a transfer
+    # starts at its trigger and the channel serves, by priority, those whose trigger has come.
+    def _next(self, direction: str) -> tuple[Job | None, Any]:
+        """The first job of ``direction``'s queue that may start now, taken; else (None, what the
+        job submitted first of those waiting must wait for), or (None, None) where none is queued."""
         with self._take:
             queued = self._queued[direction]
+            waiting = []
+            found = None
             while queued:
-                job = heapq.heappop(queued)[3]
-                if not job.taken:
+                entry = heapq.heappop(queued)
+                job = entry[3]
+                if job.taken:
+                    continue
+                if _may_start(job):
                     job.taken = True
-                    return job
-        return None
+                    found = job
+                    break
+                waiting.append(entry)
+            for entry in waiting:
+                heapq.heappush(queued, entry)
+        if found is not None or not waiting:
+            return found, None
+        return None, min((e[3] for e in waiting), key=lambda j: j.queued_s).after
 
     def _serve(self, direction: str) -> None:
         wake = self._wake[direction]
         while True:
             wake.get()
-            while (job := self._next(direction)) is not None:
-                self._run(job)
+            while True:
+                job, after = self._next(direction)
+                if job is not None:
+                    self._run(job)
+                elif after is not None:
+                    try:
+                        after.synchronize()
+                    except BaseException:  # noqa: BLE001, S110 - the job's work meets it and hands it on
+                        pass
+                else:
+                    break
             if self._closing:
                 return
 
     def _run(self, job: Job) -> None:
         d = job.direction
         try:
-            if job.ready is not None:
-                job.ready()
             t0 = self._moved(d, +1)
             try:
                 job.work()

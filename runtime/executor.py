@@ -101,17 +101,17 @@ class RunStats:
 # thread, not on the default stream the training computes on: there they would
 # queue behind every kernel launched so far and hold back every kernel launched
 # after them, and no transfer would overlap compute. Ordering with the compute
-# stream is kept by hand: the job first waits (on the host) for an event recorded
-# when it was submitted, so every kernel that wrote the source, or used the
-# freshly reallocated destination's memory before, is done (the job's ``ready``:
-# the run report's bandwidths leave that wait out); the job ends with its stream
-# synchronized, so the main thread's wait for the job covers the copy.
+# stream is kept by hand: the job starts only once an event recorded when it was
+# submitted has passed, so every kernel that wrote the source, or used the
+# freshly reallocated destination's memory before, is done (the job's ``after``,
+# NOTE [ Jobs that wait for the compute ] in runtime.engine); the job ends with its
+# stream synchronized, so the main thread's wait for the job covers the copy.
 _worker = threading.local()
 
 
-def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> tuple[Callable[[], None] | None, Callable[[], None]]:
-    """``work`` as a job for a worker thread: (what it waits for first, the transfer); see
-    NOTE [ Copy streams ]."""
+def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> tuple[Any, Callable[[], None]]:
+    """``work`` as a job for a worker thread: (the event it waits for, the transfer); see NOTE
+    [ Copy streams ]."""
     if not tensor.is_cuda:
         return None, work
     event = torch.cuda.Event()
@@ -127,7 +127,7 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> tuple[Callabl
             work()
         stream.synchronize()
 
-    return event.synchronize, run
+    return event, run
 
 
 class PlanExecutor(OpStream):
@@ -321,8 +321,8 @@ class PlanExecutor(OpStream):
         def work() -> None:
             backend.write(key, src)
 
-        ready, run = _off_stream(work, src)
-        job = self.engine.submit(Job(tid, "write", storage.nbytes(), run, urgent, target, priority, ready=ready))
+        after, run = _off_stream(work, src)
+        job = self.engine.submit(Job(tid, "write", storage.nbytes(), run, urgent, target, priority, after=after))
         entry = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target, weakref.ref(storage),
                        key, job)
         self.moved[tid] = entry
@@ -353,8 +353,8 @@ class PlanExecutor(OpStream):
             backend.read(key, dst)
 
         entry.keep_copy = keep_copy
-        ready, run = _off_stream(work, dst)
-        entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, run, urgent, entry.target, priority, ready=ready))
+        after, run = _off_stream(work, dst)
+        entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, run, urgent, entry.target, priority, after=after))
         entry.state = Residency.FETCHING
 
     # NOTE [ Copies kept ] in planner.clean: a planned prefetch may leave its copy in the backend

@@ -85,6 +85,45 @@ def test_a_job_no_worker_took_is_cancelled_and_a_running_one_is_not() -> None:
         engine.close()
 
 
+class Gate:
+    """What a CUDA event recorded at a job's submission is to the engine (``query``,
+    ``synchronize``), opened here by the test instead of by the GPU reaching it."""
+
+    def __init__(self) -> None:
+        self._open = threading.Event()
+
+    def open(self) -> None:
+        self._open.set()
+
+    def query(self) -> bool:
+        return self._open.is_set()
+
+    def synchronize(self) -> None:
+        self._open.wait(30)
+
+
+def test_a_job_waiting_for_the_compute_holds_up_no_job_that_may_start() -> None:
+    """NOTE [ Jobs that wait for the compute ]: the job due first (priority 0) waits for kernels the
+    GPU has not run; the only worker serves the one behind it that may start, then the first."""
+    engine = MigrationEngine(num_workers=1)
+    try:
+        gate, order = Gate(), []
+        first = engine.submit(Job(0, "read", 8, lambda: order.append(0), priority=0, after=gate))
+        ready = engine.submit(Job(1, "read", 8, lambda: order.append(1), priority=5))
+        assert ready.done.wait(30) and not first.done.is_set()
+        gate.open()
+        assert first.done.wait(30) and order == [1, 0]
+        gates = [Gate(), Gate()]  # none may start: the worker waits for the one submitted first
+        jobs = [engine.submit(Job(i, "read", 8, lambda i=i: order.append(i), priority=9 - i, after=g))
+                for i, g in zip((2, 3), gates, strict=True)]
+        gates[0].open()
+        assert jobs[0].done.wait(30) and not jobs[1].done.is_set()
+        gates[1].open()
+        assert jobs[1].done.wait(30) and order == [1, 0, 2, 3]
+    finally:
+        engine.close()
+
+
 def test_busy_time_is_the_time_a_direction_moves_bytes() -> None:
     """The run report's bandwidths: two transfers at once keep the link busy once, not twice,
     and what a job waits for before it moves a byte (a CUDA job, for the compute to reach it)
@@ -96,7 +135,9 @@ def test_busy_time_is_the_time_a_direction_moves_bytes() -> None:
         assert all(j.done.wait(30) for j in jobs) and not any(j.error for j in jobs)
         one_at_a_time = sum(j.busy_s for j in jobs)
         assert 0.3 <= engine.busy_s["write"] < 0.9 * one_at_a_time
-        late = engine.submit(Job(2, "read", 8, lambda: None, ready=lambda: time.sleep(0.3)))
+        gate = Gate()
+        late = engine.submit(Job(2, "read", 8, lambda: None, after=gate))
+        threading.Timer(0.3, gate.open).start()
         assert late.done.wait(30) and late.error is None
         assert late.busy_s < 0.3 and engine.busy_s["read"] < 0.3 and engine.bytes_moved["read"] == 8
     finally:
