@@ -199,7 +199,7 @@ def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, A
     # 0 pins the host pool at its first write), or over the whole run where only iteration 0 moved
     bandwidth = {}
     for d in ("write", "read"):
-        moved, busy = engine.bytes_moved[d], engine.busy_s[d]
+        moved, busy = engine.bytes_moved[d], engine.busy_now(d)
         moved0, busy0 = s.first_moved.get(d, (0, 0.0))
         if busy > busy0:
             moved, busy = moved - moved0, busy - busy0

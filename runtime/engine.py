@@ -38,12 +38,23 @@ __all__ = ["Done", "Job", "MigrationEngine"]
 
 
 def _may_start(job: Job) -> bool:
-    if job.after is None:
-        return True
+    """Whether ``job``'s ``after`` has happened (engine's lock held): asked once more each time a
+    worker looks, never again once it has (it is then dropped)."""
+    if job.after is not None:
+        try:
+            if not job.after.query():
+                return False
+        except BaseException:  # noqa: BLE001, S110 - the job's work meets the error and hands it on
+            pass
+        job.after = None
+    return True
+
+
+def _synchronize(after: Any) -> None:
     try:
-        return bool(job.after.query())
-    except BaseException:  # noqa: BLE001 - its work meets the same error and hands it on
-        return True
+        after.synchronize()
+    except BaseException:  # noqa: BLE001, S110 - the job's work meets the error and hands it on
+        pass
 
 
 def _done() -> None:
@@ -136,6 +147,7 @@ class MigrationEngine:
         self.busy_s = {"write": 0.0, "read": 0.0}
         self._moving = {"write": 0, "read": 0}
         self._since = {"write": 0.0, "read": 0.0}
+        self._gated = {"write": False, "read": False}  # a worker waits for a job's ``after``
         for t in self._threads:
             t.start()
 
@@ -177,35 +189,40 @@ class MigrationEngine:
     # NOTE [ Jobs that wait for the compute ]: a CUDA job may start only once the GPU has run the
     # kernels launched before it was submitted (NOTE [ Copy streams ] in runtime.executor), and the
     # host runs ahead of the GPU. A worker that took the next job in the queue's order and waited
-    # for that would hold up every job behind it whose kernels have run: with prefetches started
-    # as early as there is room and served by deadline (NOTE [ Prefetch early, serve by deadline ] in
-    # planner.early), the
-    # job due first is often submitted last. So a worker takes the first job, in the queue's order,
-    # that may start now; where none may, it waits for the one submitted first (the compute runs in
-    # order, so that one may start first) and looks again. As the simulator counts it, a transfer
-    # starts at its trigger and the channel serves, by priority, those whose trigger has come.
+    # for that would hold up every job behind it whose kernels have run: with prefetches started as
+    # early as there is room and served by deadline (NOTE [ Prefetch early, serve by deadline ] in
+    # planner.early), the job due first is often submitted last. So a worker takes the first job,
+    # in the queue's order, that may start now (as the simulator counts it: a transfer is released
+    # at its trigger, and the channel serves those released by priority). Two exceptions:
+    # - an urgent job first in the queue is taken as it is, and its worker waits for it: the main
+    #   thread waits for it, and a transfer started before it could start would delay it;
+    # - where no job may start, one worker of the direction waits for the job submitted first (on
+    #   one stream the compute reaches it first; a script that launches on several streams may
+    #   make it wait longer than it needs, never start a job early), then wakes the others; the
+    #   rest wait for the next job queued, so a job that may start is not held up by the wait.
     def _next(self, direction: str) -> tuple[Job | None, Any]:
-        """The first job of ``direction``'s queue that may start now, taken; else (None, what the
-        job submitted first of those waiting must wait for), or (None, None) where none is queued."""
+        """(the job to run next, taken, or None) and, where none may start and no other worker of
+        ``direction`` waits, what to wait for before looking again (else None)."""
         with self._take:
             queued = self._queued[direction]
-            waiting = []
+            waiting: list[tuple[int, int, int, Job]] = []
             found = None
             while queued:
                 entry = heapq.heappop(queued)
                 job = entry[3]
                 if job.taken:
                     continue
-                if _may_start(job):
+                if (entry[0] == 0 and not waiting) or _may_start(job):
                     job.taken = True
                     found = job
                     break
                 waiting.append(entry)
             for entry in waiting:
                 heapq.heappush(queued, entry)
-        if found is not None or not waiting:
-            return found, None
-        return None, min((e[3] for e in waiting), key=lambda j: j.queued_s).after
+            if found is not None or not waiting or self._gated[direction]:
+                return found, None
+            self._gated[direction] = True
+            return None, min((e[3] for e in waiting), key=lambda j: j.queued_s).after
 
     def _serve(self, direction: str) -> None:
         wake = self._wake[direction]
@@ -215,18 +232,21 @@ class MigrationEngine:
                 job, after = self._next(direction)
                 if job is not None:
                     self._run(job)
-                elif after is not None:
-                    try:
-                        after.synchronize()
-                    except BaseException:  # noqa: BLE001, S110 - the job's work meets it and hands it on
-                        pass
-                else:
+                    continue
+                if after is None:
                     break
+                _synchronize(after)
+                with self._take:
+                    self._gated[direction] = False
+                for _ in self._threads:  # the others look again too
+                    wake.put(None)
             if self._closing:
                 return
 
     def _run(self, job: Job) -> None:
         d = job.direction
+        if job.after is not None:  # an urgent job taken before it could start
+            _synchronize(job.after)
         try:
             t0 = self._moved(d, +1)
             try:
@@ -240,6 +260,12 @@ class MigrationEngine:
                 self.bytes_moved[d] += job.nbytes
         self.completed.append(job)
         job.done.set()
+
+    def busy_now(self, direction: str) -> float:
+        """``busy_s[direction]``, with the time of the transfers running now counted up to now."""
+        with self._take:
+            running = time.perf_counter() - self._since[direction] if self._moving[direction] else 0.0
+            return self.busy_s[direction] + running
 
     def _moved(self, direction: str, change: int) -> float:
         """A transfer in ``direction`` starts (+1) or ends (-1): the link's busy time is the time

@@ -119,6 +119,7 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> tuple[Any, Ca
     device = tensor.device
 
     def run() -> None:
+        event.synchronize()  # at once where the engine saw it happen; raises a CUDA error it hit
         streams = _worker.__dict__.setdefault("streams", {})
         stream = streams.get(device)
         if stream is None:
@@ -699,7 +700,7 @@ class PlanExecutor(OpStream):
         self._iter_stall_s0 = s.stall_s
         self._iter_t0 = now
         if len(s.iteration_s) == 1:  # what iteration 0 moved, and in what time, apart
-            s.first_moved = {d: (self.engine.bytes_moved[d], self.engine.busy_s[d]) for d in ("write", "read")}
+            s.first_moved = {d: (self.engine.bytes_moved[d], self.engine.busy_now(d)) for d in ("write", "read")}
         rss = peak_rss_since_reset()
         if rss is not None:
             s.iteration_peak_rss_bytes.append(rss)

@@ -102,24 +102,41 @@ class Gate:
         self._open.wait(30)
 
 
-def test_a_job_waiting_for_the_compute_holds_up_no_job_that_may_start() -> None:
-    """NOTE [ Jobs that wait for the compute ]: the job due first (priority 0) waits for kernels the
-    GPU has not run; the only worker serves the one behind it that may start, then the first."""
+def test_jobs_waiting_for_the_compute_hold_up_no_job_that_may_start() -> None:
+    """NOTE [ Jobs that wait for the compute ]: the two jobs due first wait for kernels the GPU has
+    not run; one of the two workers waits for them, the other serves a job that may start, queued
+    before or after the wait began (an engine that took the jobs in the queue's order would block
+    both workers). Once the GPU gets there, the first submitted runs first."""
+    engine = MigrationEngine(num_workers=2)
+    try:
+        gates, order = [Gate(), Gate()], []
+        due = [engine.submit(Job(i, "read", 8, lambda i=i: order.append(i), priority=i, after=g))
+               for i, g in enumerate(gates)]
+        before = engine.submit(Job(2, "read", 8, lambda: order.append(2), priority=5))
+        assert before.done.wait(30)
+        time.sleep(0.2)  # a worker now waits for the first gate
+        after = engine.submit(Job(3, "read", 8, lambda: order.append(3), priority=5))
+        assert after.done.wait(30) and not any(j.done.is_set() for j in due)
+        gates[0].open()
+        assert due[0].done.wait(30)
+        gates[1].open()
+        assert due[1].done.wait(30) and order == [2, 3, 0, 1]
+    finally:
+        engine.close()
+
+
+def test_an_urgent_job_is_waited_for_before_any_job_behind_it() -> None:
+    """NOTE [ Jobs that wait for the compute ]: the main thread waits for an urgent job, so the only
+    worker takes it as it comes and waits for it, rather than starting a transfer behind it."""
     engine = MigrationEngine(num_workers=1)
     try:
         gate, order = Gate(), []
-        first = engine.submit(Job(0, "read", 8, lambda: order.append(0), priority=0, after=gate))
-        ready = engine.submit(Job(1, "read", 8, lambda: order.append(1), priority=5))
-        assert ready.done.wait(30) and not first.done.is_set()
+        engine.submit(Job(0, "write", 8, lambda: order.append(0), urgent=True, after=gate))
+        behind = engine.submit(Job(1, "write", 8, lambda: order.append(1), priority=5))
+        time.sleep(0.2)
+        assert not behind.done.is_set() and order == []
         gate.open()
-        assert first.done.wait(30) and order == [1, 0]
-        gates = [Gate(), Gate()]  # none may start: the worker waits for the one submitted first
-        jobs = [engine.submit(Job(i, "read", 8, lambda i=i: order.append(i), priority=9 - i, after=g))
-                for i, g in zip((2, 3), gates, strict=True)]
-        gates[0].open()
-        assert jobs[0].done.wait(30) and not jobs[1].done.is_set()
-        gates[1].open()
-        assert jobs[1].done.wait(30) and order == [1, 0, 2, 3]
+        assert behind.done.wait(30) and order == [0, 1]
     finally:
         engine.close()
 
