@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quiet  # noqa: E402
 from demo import EXAMPLE, losses, sh, teraio  # noqa: E402
 from rok import MIB, SIZES, machine  # noqa: E402
-from rok_gpu import GPU_SIZES, pinned_bandwidth  # noqa: E402
+from rok_gpu import GPU_SIZES, pinned_bandwidth, pinned_plan_args  # noqa: E402
 from run_overhead import steps  # noqa: E402
 
 from planner import problem_from_profile  # noqa: E402
@@ -70,6 +70,18 @@ def moved(report: dict[str, Any]) -> str:
                           ("read", "bytes_read", report["read_bandwidth_bytes_per_s"])):
         out.append(f"{what} {sum(report[key].values()) / 2**30:.1f} GiB" + (f" at {bw / 1e9:.1f} GB/s" if bw else ""))
     return ", ".join(out)
+
+
+def busy(summary: dict[str, Any], report: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Per direction, the seconds of an iteration the plan predicts its channels busy (moving bytes
+    or in a transfer's latency), and the median the run measured (any transfer moving) from
+    iteration 1 on."""
+    share, t = summary["bandwidth_utilisation"], summary["predicted_iteration_us"] / 1e6
+    out = {}
+    for d in ("write", "read"):
+        measured = report["iteration_busy_s"][d][1:]
+        out[d] = (t * (share[f"ssd_{d}"] + share[f"host_{d}"]), statistics.median(measured) if measured else 0.0)
+    return out
 
 
 def main() -> None:
@@ -99,10 +111,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="teraio-fidelity-", dir=args.swap_dir) as d:
         work = Path(d)
         if args.gpu:
-            d2h, h2d = pinned_bandwidth()
-            print(f"pinned copies: device to host {d2h / 1e9:.1f} GB/s, host to device {h2d / 1e9:.1f} GB/s",
-                  flush=True)
-            plan_args = ["--ssd-write-bw", f"{d2h / 1e9:.3f}", "--ssd-read-bw", f"{h2d / 1e9:.3f}"]
+            d2h, h2d, duplex = pinned_bandwidth()
+            print(f"pinned copies: device to host {d2h / 1e9:.1f} GB/s, host to device {h2d / 1e9:.1f} GB/s, "
+                  f"each keeping {duplex:.2f} of that both ways at once", flush=True)
+            plan_args = pinned_plan_args(d2h, h2d, duplex)
         else:
             plan_args = machine(work)
         for size in args.sizes:
@@ -149,27 +161,31 @@ def main() -> None:
                     "charge": s["copy_charge_us"] / 1e6, "overhead": s["op_overhead_us"] / 1e6,
                     "refault": s["refault_us"] / 1e6, "plain": plain_s, "drift": drift,
                     "drift_err": abs(time_meas - time_pred * drift) / time_meas,
-                    "cuda_over": max(cuda) / budget - 1 if cuda else None,
+                    "cuda_over": max(cuda) / budget - 1 if cuda else None, "busy": busy(s, r),
                 })
                 print(f"{size} {share}: predicted {time_pred * 1e3:,.0f} ms, measured {time_meas * 1e3:,.0f} ms "
                       f"(plain runs beside it {drift:.2f}x the first); "
                       f"peak predicted {peak_pred / MIB:.1f} MiB, measured {peak_meas / MIB:.1f} MiB"
                       + (f", CUDA's {max(cuda) / MIB:.1f} MiB" if cuda else "")
-                      + "; " + moved(r), flush=True)
+                      + "; " + moved(r) + "; busy an iteration, predicted / measured: "
+                      + ", ".join(f"{d} {p * 1e3:,.0f} / {m * 1e3:,.0f} ms" for d, (p, m) in rows[-1]["busy"].items()),
+                      flush=True)
     print()
     print("| example | budget | iteration predicted | measured | error | plain drift | error at the drift | "
           "predicted: ops (plain run) / runtime per op / faults / copies / stalls | stalls measured | "
           "ops stalled predicted / waits measured per iteration (all iterations, the first too) | "
+          "writes busy predicted / measured | reads busy predicted / measured | "
           "tracked peak predicted | measured | error |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        busy_cells = " | ".join(f"{p * 1e3:,.0f} / {m * 1e3:,.0f} ms" for p, m in r["busy"].values())
         print(f"| {r['size']} | {r['share']}, {r['budget'] / MIB:.1f} MiB | {r['time_pred'] * 1e3:,.0f} ms | "
               f"{r['time_meas'] * 1e3:,.0f} ms | {r['time_err']:.1%} | {r['drift']:.2f}x | {r['drift_err']:.1%} | "
               f"{r['ideal'] * 1e3:,.0f} "
               f"({r['plain'] * 1e3:,.0f}) / "
               f"{r['overhead'] * 1e3:,.0f} / {r['refault'] * 1e3:,.0f} / {r['charge'] * 1e3:,.0f} / "
               f"{r['stall_pred'] * 1e3:,.0f} ms | {r['stall_meas'] * 1e3:,.0f} ms | "
-              f"{r['stalls_pred']:,} / {r['waits']:,.0f} | "
+              f"{r['stalls_pred']:,} / {r['waits']:,.0f} | {busy_cells} | "
               f"{r['peak_pred'] / MIB:.1f} MiB | {r['peak_meas'] / MIB:.1f} MiB | {r['peak_err']:.1%} |")
     worst = {"time_error_max": max(r["time_err"] for r in rows), "peak_error_max": max(r["peak_err"] for r in rows),
              "time_error_at_drift_max": max(r["drift_err"] for r in rows)}

@@ -96,7 +96,8 @@ def machine(work: Path) -> list[str]:
     plan_w, plan_r = costs["posix_write_bw_bytes_per_s"], costs["posix_read_bw_bytes_per_s"]
     print(f"disk (O_DIRECT, 256 MiB): write {bw_w / 1e9:.2f} GB/s, read {bw_r / 1e9:.2f} GB/s; the posix backend "
           f"beside training {plan_w / 1e9:.2f} and {plan_r / 1e9:.2f} GB/s, each transfer holding its channel "
-          f"{costs['transfer_latency_s'] * 1e6:.0f} us more; copies cost "
+          f"{costs['transfer_latency_s'] * 1e6:.0f} us more, each direction keeping {costs['ssd_duplex']:.2f} of "
+          f"its rate while both move; copies cost "
           f"the compute {costs['copy_cost_s_per_byte'] * 1e9:.3f} ns/byte, teraio run's dispatch "
           f"{costs['op_overhead_s'] * 1e6:.1f} us/op, faulting memory in again "
           f"{costs['refault_s_per_byte'] * 1e9:.3f} ns/byte, {costs['transfer_cost_s'] * 1e6:.0f} us per transfer "
@@ -106,7 +107,8 @@ def machine(work: Path) -> list[str]:
             "--op-overhead", f"{costs['op_overhead_s'] * 1e6:.3f}",
             "--refault-cost", f"{costs['refault_s_per_byte'] * 1e9:.4f}",
             "--transfer-cost", f"{costs['transfer_cost_s'] * 1e6:.3f}",
-            "--transfer-latency", f"{costs['transfer_latency_s'] * 1e6:.3f}"]
+            "--transfer-latency", f"{costs['transfer_latency_s'] * 1e6:.3f}",
+            "--ssd-duplex", f"{costs['ssd_duplex']:.3f}"]
 
 
 def _profile(work: Path, name: str, ex: list[str]) -> tuple[Path, int, int]:

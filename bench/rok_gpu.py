@@ -61,22 +61,32 @@ PEERS = {"recompute": ["--checkpoint"], "save_on_cpu": ["--offload", "save_on_cp
          "compiled_sync": ["--offload", "compiled_sync"]}
 
 
-def pinned_bandwidth(total: int = 1 << 30) -> tuple[float, float]:
+def pinned_bandwidth(total: int = 1 << 30) -> tuple[float, float, float]:
     """(device-to-host, host-to-device) bytes/s of one ``total``-byte copy between the GPU and
-    pinned host memory, best of 5: what teraio's host backend moves at best."""
+    pinned host memory, best of 5: what teraio's host backend moves at best; and the share of it
+    each way keeps with one copy each way at once (NOTE [ Duplex ] in planner/simulate.py)."""
     import torch
 
-    dev = torch.empty(total, dtype=torch.uint8, device="cuda")
-    host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-    best = [float("inf"), float("inf")]
+    dev = [torch.empty(total, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    host = [torch.empty(total, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    best = [float("inf")] * 3
     for _ in range(5):
-        for i, (dst, src) in enumerate([(host, dev), (dev, host)]):
+        for i, pairs in enumerate([[(host[0], dev[0])], [(dev[0], host[0])], [(host[0], dev[0]), (dev[1], host[1])]]):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            dst.copy_(src, non_blocking=True)
+            for (dst, src), stream in zip(pairs, streams, strict=False):
+                with torch.cuda.stream(stream):
+                    dst.copy_(src, non_blocking=True)
             torch.cuda.synchronize()
             best[i] = min(best[i], time.perf_counter() - t0)
-    return total / best[0], total / best[1]
+    return total / best[0], total / best[1], min(max(best[0], best[1]) / best[2], 1.0)
+
+
+def pinned_plan_args(d2h: float, h2d: float, duplex: float) -> list[str]:
+    """`teraio plan`'s options for `teraio run --backend host` on a GPU: the host link in the SSD's
+    channels, which that backend stands in for."""
+    return ["--ssd-write-bw", f"{d2h / 1e9:.3f}", "--ssd-read-bw", f"{h2d / 1e9:.3f}", "--ssd-duplex", f"{duplex:.3f}"]
 
 
 def cuda_peak(stdout: str, skip: int) -> int:
@@ -194,10 +204,11 @@ def main() -> None:
         print("rok_gpu: skipped: no CUDA device here (bench/rok.py is the CPU curve)")
         return
     started = time.monotonic()
-    d2h, h2d = pinned_bandwidth()
+    d2h, h2d, duplex = pinned_bandwidth()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; pinned copies: device to host "
-          f"{d2h / 1e9:.1f} GB/s, host to device {h2d / 1e9:.1f} GB/s (plans made at these)", flush=True)
-    plan_args = ["--ssd-write-bw", f"{d2h / 1e9:.3f}", "--ssd-read-bw", f"{h2d / 1e9:.3f}"]
+          f"{d2h / 1e9:.1f} GB/s, host to device {h2d / 1e9:.1f} GB/s, each keeping {duplex:.2f} of that both "
+          "ways at once (plans made at these)", flush=True)
+    plan_args = pinned_plan_args(d2h, h2d, duplex)
     results: dict[str, tuple[list[str], list[Config]]] = {}
     last: dict[str, float] = {}
     per_size: dict[str, float] = {}

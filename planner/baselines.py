@@ -192,7 +192,8 @@ def activation_offload(problem: PlanProblem, hw: Hardware) -> RankPlan:
     """Every saved activation to the SSD as produced, prefetched one layer ahead in backward."""
     planned = _moves(problem, _saved_activations(problem), "ssd", in_phase=True)
     return settle_urgency(problem, planned, hw.channel_bw(), hw.gpu_mem_bytes,
-                          copy_cost_s_per_byte=hw.copy_cost_s_per_byte)  # not teraio's own costs
+                          copy_cost_s_per_byte=hw.copy_cost_s_per_byte,  # not teraio's own costs
+                          ssd_duplex=hw.ssd_duplex, host_duplex=hw.host_duplex)  # the devices' own
 
 
 def _itemsize(dtype: object) -> int:
@@ -324,7 +325,8 @@ def _zero_plan(problem: PlanProblem, hw: Hardware, info: dict[str, object], stag
         bw |= {"ssd_write": hw.host_bw_bytes_per_s, "ssd_read": hw.host_bw_bytes_per_s}
         moves += _moves(problem, grads, "ssd", reads_back=False)
     return settle_urgency(problem, moves, bw, hw.gpu_mem_bytes,
-                          copy_cost_s_per_byte=hw.copy_cost_s_per_byte)  # not teraio's own costs
+                          copy_cost_s_per_byte=hw.copy_cost_s_per_byte,  # not teraio's own costs
+                          ssd_duplex=hw.ssd_duplex, host_duplex=hw.host_duplex)  # the devices' own
 
 
 def zero_offload(profile: Profile, hw: Hardware, rank: int = 0) -> tuple[str, RankPlan]:

@@ -17,15 +17,17 @@ __all__ = ["DEFAULT_CPU_ADAM_PARAMS_PER_S", "ComputeCosts", "Hardware"]
 DEFAULT_CPU_ADAM_PARAMS_PER_S = 100e9 / 28
 
 
-class ComputeCosts(TypedDict):
-    """``Hardware``'s costs of the compute and its transfers' latency, as the simulator takes them
-    (keyword arguments)."""
+class ComputeCosts(TypedDict, total=False):
+    """``Hardware``'s costs of the compute, its transfers' latency and its devices' duplex, as the
+    simulator takes them (keyword arguments)."""
 
     copy_cost_s_per_byte: float
     op_overhead_s: float
     refault_s_per_byte: float
     transfer_cost_s: float
     transfer_latency_s: float
+    ssd_duplex: float
+    host_duplex: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +64,11 @@ class Hardware:
     transfer_latency_s: float = 0.0
     """SSD channel time each transfer to or from the SSD takes before its bytes move, seconds (NOTE [
     Transfer latency ] in ``planner.simulate``): 0 on a GPU, measured on a CPU."""
+    ssd_duplex: float = 1.0
+    """The share of each direction's bandwidth the SSD keeps while both move bytes (NOTE [ Duplex ]
+    in ``planner.simulate``): 1 where they do not slow each other; measured on a CPU."""
+    host_duplex: float = 1.0
+    """The same for host memory's link (an H200's pinned link measured 0.86-0.91)."""
 
     def __post_init__(self) -> None:
         if self.gpu_mem_bytes <= 0:
@@ -78,12 +85,16 @@ class Hardware:
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value}")
+        for name in ("ssd_duplex", "host_duplex"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], not {getattr(self, name)}")
 
     def compute_costs(self) -> ComputeCosts:
         """The costs of the compute, as ``planner.simulate.simulate`` takes them."""
         return {"copy_cost_s_per_byte": self.copy_cost_s_per_byte, "op_overhead_s": self.op_overhead_s,
                 "refault_s_per_byte": self.refault_s_per_byte, "transfer_cost_s": self.transfer_cost_s,
-                "transfer_latency_s": self.transfer_latency_s}
+                "transfer_latency_s": self.transfer_latency_s, "ssd_duplex": self.ssd_duplex,
+                "host_duplex": self.host_duplex}
 
     def latency_bytes(self) -> dict[str, float]:
         """Per channel, the bytes it could have moved in a transfer's latency (the SSD's channels:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from planner.bound import Bound, iteration_bound
 from planner.clean import keep_copies
 from planner.early import by_deadline, prefetch_early
 from planner.greedy import Move, Progress, plan_greedy
-from planner.hardware import Hardware
+from planner.hardware import ComputeCosts, Hardware
 from planner.job import predict_job, rank_ops
 from planner.pace import DEFAULT_MARGINS, paced_durations
 from planner.phases import phase_report
@@ -41,10 +41,8 @@ class RankPlan:
 
 
 def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
-                   capacity_bytes: float, max_rounds: int = 4, *, copy_cost_s_per_byte: float = 0.0,
-                   op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
-                   transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0,
-                   sim: SimResult | None = None, prefetches: bool = True) -> RankPlan:
+                   capacity_bytes: float, max_rounds: int = 4, *, sim: SimResult | None = None,
+                   prefetches: bool = True, **costs: Unpack[ComputeCosts]) -> RankPlan:
     """Simulate, mark what ops waited on as urgent, and simulate again until nothing new waits.
 
     Marking only adds urgency. Urgent transfers are served first, which can make
@@ -55,19 +53,15 @@ def settle_urgency(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: 
     last one, 0.3% off there); where the marking did not settle (``settled``
     false), an op in it can wait on a transfer that is not urgent, and the
     runtime serves that one first once an op waits on it.
-    ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte``, ``transfer_cost_s``:
-    NOTE [ Copies on the compute ] in ``planner.simulate``; ``transfer_latency_s``: NOTE [ Transfer
-    latency ] there. ``sim``: the simulation of ``moves`` with these figures, if at hand.
+    ``costs``: ``Hardware.compute_costs()``, as ``planner.simulate.simulate`` takes them. ``sim``:
+    the simulation of ``moves`` with these figures, if at hand.
     ``prefetches`` false marks offloads, and only those prefetches whose trigger and deadline fall in
     different iterations: on moves whose prefetches are served by deadline (NOTE [ Prefetch early,
     serve by deadline ] in ``planner.early``), any other one an op waits on is already served first.
     """
 
     def sim_of(moves: tuple[Move, ...]) -> SimResult:
-        return simulate(problem, moves, bw_bytes_per_s, capacity_bytes,
-                        copy_cost_s_per_byte=copy_cost_s_per_byte, op_overhead_s=op_overhead_s,
-                        refault_s_per_byte=refault_s_per_byte, transfer_cost_s=transfer_cost_s,
-                        transfer_latency_s=transfer_latency_s)
+        return simulate(problem, moves, bw_bytes_per_s, capacity_bytes, **costs)
 
     n = max(problem.num_ops, 1)
     current = tuple(moves)
@@ -330,6 +324,8 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
         "refault_s_per_byte": hw.refault_s_per_byte,
         "transfer_cost_s": hw.transfer_cost_s,
         "transfer_latency_s": hw.transfer_latency_s,
+        "ssd_duplex": hw.ssd_duplex,
+        "host_duplex": hw.host_duplex,
         **(extra_parameters or {}),
     }
     return Plan(

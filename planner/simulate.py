@@ -90,6 +90,16 @@ FREE_BW = 1e30  # bytes/s
 # with no file (75-120 us a transfer measured the same way, left out). 0 for a GPU
 # profile, where a transfer's latency is microseconds.
 CHANNELS = ("ssd_write", "ssd_read", "host_write", "host_read")
+
+# NOTE [ Duplex ]: a device's two directions are two channels, but they need not be independent:
+# while both move bytes, each moves ``duplex`` of its bandwidth (``ssd_duplex``, ``host_duplex``;
+# 1: independent). Measured: on an H200's pinned host link, one copy each way at once ran at
+# 46-49 GB/s each against 53-54 alone (0.86-0.91); on this 2-core VM the posix backend's writes
+# and reads, where the cores that copy are the same two, far less (``runtime.calibrate`` measures
+# it). Rates change only where a transfer of the pair starts or ends, so the channels advance from
+# one such moment to the next. A transfer's latency (NOTE [ Transfer latency ]) is counted at the
+# same reduced rate, a slight over-count. The bound (``planner.bound``) leaves this out: a slower
+# channel only raises what a plan takes, so it is still a bound.
 _TOL = 1e-6  # bytes
 # Per-instance state of a move.
 _IDLE, _OFFLOADING, _OUT, _CANCELLED, _FETCHING, _BACK, _DEAD = range(7)
@@ -157,7 +167,8 @@ class _Sim:
     def __init__(self, problem: PlanProblem, moves: Sequence[Move], bw: dict[str, float],
                  capacity_bytes: float, num_iterations: int, copy_cost_s_per_byte: float = 0.0,
                  op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
-                 transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0) -> None:
+                 transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0, ssd_duplex: float = 1.0,
+                 host_duplex: float = 1.0) -> None:
         self.p = problem
         self.moves = moves
         self.cap = capacity_bytes
@@ -166,6 +177,8 @@ class _Sim:
         nm = len(moves)
         self.nm = nm
         self.bw_us = {c: bw[c] * 1e-6 for c in CHANNELS}  # bytes per us
+        self.duplex = {"ssd": ssd_duplex, "host": host_duplex}  # NOTE [ Duplex ]
+        self.shared = min(ssd_duplex, host_duplex) < 1.0
         # NOTE [ Transfer latency ]: each transfer first holds its channel this many bytes' time
         self.lat_bytes = {c: transfer_latency_s * bw[c] if c.startswith("ssd") and bw[c] < FREE_BW else 0.0
                           for c in CHANNELS}
@@ -208,13 +221,41 @@ class _Sim:
         self.refault_us = 0.0  # added to the measured iteration's first op
 
     # ---- channels ----------------------------------------------------------------------
+    def _rates(self) -> dict[str, float]:
+        """Bytes per us each channel moves now (NOTE [ Duplex ])."""
+        rates = dict(self.bw_us)
+        for dev, f in self.duplex.items():
+            if f < 1.0 and self._top(f"{dev}_write") is not None and self._top(f"{dev}_read") is not None:
+                rates[f"{dev}_write"] *= f
+                rates[f"{dev}_read"] *= f
+        return rates
+
     def _advance(self, dt: float) -> None:
-        """Let every channel work for ``dt`` us from ``now``, then move ``now``."""
+        """Let every channel work for ``dt`` us from ``now``, then move ``now``; where a device's
+        directions share it (NOTE [ Duplex ]), in steps that end where a transfer of the pair ends."""
+        if not self.shared:
+            self._advance_at(dt, self.bw_us)
+            return
+        while dt > 0:
+            rates, step = self._rates(), dt
+            for dev, f in self.duplex.items():
+                w, r = f"{dev}_write", f"{dev}_read"
+                if f < 1.0 and rates[w] < self.bw_us[w]:  # both directions move: the first to end
+                    for c in (w, r):
+                        top = self._top(c)
+                        if top is not None:  # a hair past its end, so that it ends in the step
+                            step = min(step, (self.remaining[top] + 2 * _TOL) / rates[c])
+            self._advance_at(step, rates)
+            dt -= step
+
+    def _advance_at(self, dt: float, rates: dict[str, float]) -> None:
+        """Let every channel work for ``dt`` us from ``now`` at ``rates``, then move ``now``."""
         for c in CHANNELS:
             heap = self.heaps[c]
             if not heap:
                 continue
-            bw, budget, t = self.bw_us[c], dt * self.bw_us[c], self.now
+            bw = rates[c]
+            budget, t = dt * bw, self.now
             used = real = 0.0  # channel bytes, and of them the tensors' (not a latency's)
             while heap and budget > _TOL:
                 tid = heap[0][1]
@@ -278,7 +319,7 @@ class _Sim:
         """Advance until transfer ``tid`` completes; returns the time waited."""
         t0 = self.now
         while self.remaining[tid] > 0 and (top := self._top(channel)) is not None:
-            self._advance(self.remaining[top] / self.bw_us[channel])
+            self._advance(self.remaining[top] / (self._rates()[channel] if self.shared else self.bw_us[channel]))
         return self.now - t0
 
     # ---- events ------------------------------------------------------------------------
@@ -410,7 +451,8 @@ class _Sim:
                     if self.measuring:
                         self.waited_pre.add(m)
             while mem[k] - self.offloaded > self.cap + _TOL:
-                pending = [(self.remaining[top] / self.bw_us[c], top)
+                rates = self._rates() if self.shared else self.bw_us
+                pending = [(self.remaining[top] / rates[c], top)
                            for c in ("ssd_write", "host_write") if (top := self._top(c)) is not None]
                 if not pending:
                     break
@@ -456,20 +498,24 @@ class _Sim:
 def simulate(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[str, float],
              capacity_bytes: float, num_iterations: int = 2, *, copy_cost_s_per_byte: float = 0.0,
              op_overhead_s: float = 0.0, refault_s_per_byte: float = 0.0,
-             transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0) -> SimResult:
+             transfer_cost_s: float = 0.0, transfer_latency_s: float = 0.0, ssd_duplex: float = 1.0,
+             host_duplex: float = 1.0) -> SimResult:
     """Simulate ``moves`` on ``problem``'s ops; see the module docstring for the model.
 
     ``bw_bytes_per_s`` has the channels ``ssd_write, ssd_read, host_write,
     host_read``; ``capacity_bytes`` may be ``inf`` (nothing waits for memory).
     ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte`` and
     ``transfer_cost_s``: NOTE [ Copies on the compute ] (``Hardware``'s fields of those names;
-    0 for a GPU). ``transfer_latency_s``: NOTE [ Transfer latency ].
+    0 for a GPU). ``transfer_latency_s``: NOTE [ Transfer latency ]. ``ssd_duplex``,
+    ``host_duplex``: NOTE [ Duplex ].
     """
     if num_iterations < 1:
         raise ValueError("num_iterations must be at least 1")
     if min(copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte, transfer_cost_s, transfer_latency_s) < 0:
         raise ValueError("copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte, transfer_cost_s and "
                          "transfer_latency_s must be >= 0")
+    if not (0 < ssd_duplex <= 1 and 0 < host_duplex <= 1):
+        raise ValueError(f"ssd_duplex and host_duplex must be in (0, 1], not {ssd_duplex} and {host_duplex}")
     return _Sim(problem, moves, bw_bytes_per_s, capacity_bytes, num_iterations,
                 copy_cost_s_per_byte, op_overhead_s, refault_s_per_byte, transfer_cost_s,
-                transfer_latency_s).run()
+                transfer_latency_s, ssd_duplex, host_duplex).run()

@@ -193,17 +193,15 @@ def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, A
         or s.iteration_s[1:] or s.iteration_s
     measured_iter = sorted(steady)[len(steady) // 2] if steady else None
     written, read = dict(s.bytes_written), dict(s.bytes_read)
-    engine = executor.engine
     # NOTE [ Copy streams ]: bytes over the time at least one transfer of that direction was moving
     # them (not a CUDA transfer's wait for the compute to reach it), from iteration 1 on (iteration
     # 0 pins the host pool at its first write), or over the whole run where only iteration 0 moved
     bandwidth = {}
     for d in ("write", "read"):
-        moved, busy = engine.bytes_moved[d], engine.busy_now(d)
-        moved0, busy0 = s.first_moved.get(d, (0, 0.0))
-        if busy > busy0:
-            moved, busy = moved - moved0, busy - busy0
-        bandwidth[d] = moved / busy if busy > 0 else None
+        moved, busy = s.iteration_moved_bytes[d], s.iteration_busy_s[d]
+        if sum(busy[1:]) > 0:
+            moved, busy = moved[1:], busy[1:]
+        bandwidth[d] = sum(moved) / sum(busy) if sum(busy) > 0 else None
     # Iteration 0 has a plan of its own (NOTE [ The first iteration's plan ] in planner.plan):
     # its peak is reported apart; the peak of the run is that of the iterations that
     # followed the steady plan (the others ran on demand: NOTE [ Boundaries ]).
@@ -245,6 +243,8 @@ def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, A
         "bytes_read": read,
         "write_bandwidth_bytes_per_s": bandwidth["write"],
         "read_bandwidth_bytes_per_s": bandwidth["read"],
+        "iteration_moved_bytes": s.iteration_moved_bytes,
+        "iteration_busy_s": s.iteration_busy_s,
         "iterations": len(s.iteration_s),
         "iteration_s": s.iteration_s,
         "measured_iteration_s": measured_iter,

@@ -50,6 +50,11 @@ runtime itself adds):
   (330-540 us here, and 1.0-1.4 GB/s out and 0.85-1.0 GB/s back, where the
   disk's raw O_DIRECT rate was 1.8-2.5 and 1.1-2.1 GB/s.) A sample whose large
   tensors were not slower than its small ones (noise) is left out.
+- ``ssd_duplex``: the share of those rates each direction keeps while both move
+  (NOTE [ Duplex ] in ``planner.simulate``): 32 tensors of 4 MiB back while 32
+  others go out, beside the same loop; the direction done first moved all its
+  bytes at the shared rate, so its time alone over its time beside the other.
+  Median of ``rounds``. (0.56 here: the same two cores copy both ways.)
 
 All are measured, never assumed; ``python -m runtime.calibrate`` prints them,
 and ``runtime.cpu_costs`` keeps them per machine for ``teraio plan``.
@@ -58,6 +63,7 @@ and ``runtime.cpu_costs`` keeps them per machine for ``teraio plan``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import mmap
 import statistics
@@ -136,19 +142,71 @@ def _out_and_back(compute: _Compute, backend: PosixBackend, tensor_bytes: int, c
     return took[0], took[1], lost
 
 
-def measure_channel(swap_dir: str | Path | None = None, rounds: int = 3) -> tuple[float, float, float]:
-    """Seconds each transfer holds its channel beyond its bytes, and the bandwidth of the bytes out
-    and back (bytes per second); see the module docstring."""
+def _both_ways(compute: _Compute, backend: PosixBackend, tensor_bytes: int, count: int) -> tuple[float, float]:
+    """``count`` tensors of ``tensor_bytes`` back through the engine while ``count`` others go out,
+    the compute loop beside them; the wall seconds until the last write ends and the last read."""
+    engine = MigrationEngine(2)
+    out = [torch.empty(tensor_bytes, dtype=torch.uint8).fill_(i % 251).untyped_storage() for i in range(count)]
+    back = [torch.empty(tensor_bytes, dtype=torch.uint8).untyped_storage() for _ in range(count)]
+    ended: dict[str, float] = {}
+    try:
+        for key, storage in enumerate(back):  # what will be read: written first, untimed
+            view = byte_view(storage)
+            engine.submit(Job(key, "write", tensor_bytes, functools.partial(backend.write, key, view)))
+        _drain(engine, count)
+        t0 = time.perf_counter()
+        for key in range(count):
+            read_view, write_view = byte_view(back[key]), byte_view(out[key])
+            engine.submit(Job(key, "read", tensor_bytes, functools.partial(backend.read, key, read_view)))
+            engine.submit(Job(count + key, "write", tensor_bytes,
+                              functools.partial(backend.write, count + key, write_view)))
+        left = {"write": count, "read": count}
+        while any(left.values()):
+            for job in _drain(engine, 0):
+                left[job.direction] -= 1
+                if left[job.direction] == 0:
+                    ended[job.direction] = time.perf_counter() - t0
+            compute.step()
+    finally:
+        engine.close()
+    return ended["write"], ended["read"]
+
+
+def _drain(engine: MigrationEngine, at_least: int) -> list[Job]:
+    """The jobs the engine has completed, waiting for ``at_least`` of them; raises a job's error."""
+    done: list[Job] = []
+    while True:
+        while engine.completed:
+            job = engine.completed.popleft()
+            if job.error is not None:
+                raise job.error
+            done.append(job)
+        if len(done) >= at_least:
+            return done
+        time.sleep(1e-4)
+
+
+def measure_channel(swap_dir: str | Path | None = None, rounds: int = 3) -> tuple[float, float, float, float]:
+    """Seconds each transfer holds its channel beyond its bytes, the bandwidth of the bytes out
+    and back (bytes per second), and the share of it each direction keeps while both move; see
+    the module docstring."""
     compute = _Compute()
     compute.alone(0.1)  # warm up
     big, small = 4 << 20, 64 << 10
     latencies: list[float] = []
     per_byte: tuple[list[float], list[float]] = ([], [])
+    duplex: list[float] = []
     with tempfile.TemporaryDirectory(prefix="teraio-calibrate-", dir=swap_dir) as d:
         backend = PosixBackend(d)
         try:
             for _ in range(rounds):
-                t_big = [t / 32 for t in _out_and_back(compute, backend, big, 32)[:2]]
+                alone = _out_and_back(compute, backend, big, 32)[:2]
+                t_big = [t / 32 for t in alone]
+                both = _both_ways(compute, backend, big, 32)
+                # while both move each keeps f of its rate: the direction done first did all its
+                # bytes at f (NOTE [ Duplex ] in planner.simulate)
+                first = min(range(2), key=lambda i: both[i])
+                duplex.append(min(max(alone[first] / both[first], 0.05), 1.0))
                 t_small = [t / 256 for t in _out_and_back(compute, backend, small, 256)[:2]]
                 for way, tb, ts in zip(per_byte, t_big, t_small, strict=True):  # t = latency + bytes / bw
                     if tb > ts:
@@ -159,7 +217,8 @@ def measure_channel(swap_dir: str | Path | None = None, rounds: int = 3) -> tupl
     if not (latencies and all(per_byte)):
         raise RuntimeError("calibration: moving 4 MiB tensors never took longer than 64 KiB ones; the "
                            "machine was too busy to measure, try again")
-    return (statistics.median(latencies), 1 / statistics.median(per_byte[0]), 1 / statistics.median(per_byte[1]))
+    return (statistics.median(latencies), 1 / statistics.median(per_byte[0]), 1 / statistics.median(per_byte[1]),
+            statistics.median(duplex))
 
 
 def measure_copy_cost(swap_dir: str | Path | None = None, total_bytes: int = 128 << 20,
@@ -305,11 +364,11 @@ def measure_refault(total_bytes: int = 128 << 20, rounds: int = 5) -> float:
 def measure_cpu_costs(swap_dir: str | Path | None = None) -> CpuCosts:
     """All the figures; 10-20 s."""
     copy_cost = measure_copy_cost(swap_dir)
-    latency, write_bw, read_bw = measure_channel(swap_dir)
+    latency, write_bw, read_bw, duplex = measure_channel(swap_dir)
     return CpuCosts(copy_cost_s_per_byte=copy_cost, op_overhead_s=measure_op_overhead(swap_dir),
                     refault_s_per_byte=measure_refault(),
                     transfer_cost_s=measure_transfer_cost(swap_dir, copy_cost), transfer_latency_s=latency,
-                    posix_write_bw_bytes_per_s=write_bw, posix_read_bw_bytes_per_s=read_bw)
+                    posix_write_bw_bytes_per_s=write_bw, posix_read_bw_bytes_per_s=read_bw, ssd_duplex=duplex)
 
 
 def main() -> None:
@@ -328,7 +387,7 @@ def main() -> None:
               f"{costs.transfer_cost_s * 1e6:.1f} us per transfer, which holds its channel "
               f"{costs.transfer_latency_s * 1e6:.1f} us more; the posix backend moves "
               f"{costs.posix_write_bw_bytes_per_s / 1e9:.2f} GB/s out and {costs.posix_read_bw_bytes_per_s / 1e9:.2f} "
-              "GB/s back beside training")
+              f"GB/s back beside training, each keeping {costs.ssd_duplex:.2f} of that while both move")
 
 
 if __name__ == "__main__":

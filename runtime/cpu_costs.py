@@ -39,10 +39,12 @@ class CpuCosts:
     """The posix backend's rate out beside training, beyond each transfer's latency."""
     posix_read_bw_bytes_per_s: float
     """Its rate back."""
+    ssd_duplex: float
+    """The share of its rate each direction keeps while both move (NOTE [ Duplex ] in planner.simulate)."""
 
 
 CACHE_DAYS = 7
-METHOD = 5  # of ``runtime.calibrate``: figures measured another way are measured again
+METHOD = 6  # of ``runtime.calibrate``: figures measured another way are measured again
 
 
 def _torch_version() -> str:

@@ -287,6 +287,3 @@ class MigrationEngine:
                 wake.put(None)
         for t in self._threads:
             t.join(timeout=30)
-
-    def stats(self) -> dict[str, Any]:
-        return {"bytes": dict(self.bytes_moved), "busy_s": dict(self.busy_s)}

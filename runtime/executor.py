@@ -93,8 +93,10 @@ class RunStats:
     other_sizes: int = 0  # planned offloads left out: their storage had another size
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
     dropped_copies: int = 0  # kept copies an op wrote over before their offload came
-    # per direction: the engine's bytes moved and busy time when iteration 0 ended
-    first_moved: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # per direction ("write", "read"), per iteration: the bytes the engine moved, and the time it
+    # was moving any (NOTE [ Copy streams ]: a CUDA job's wait for the compute left out)
+    iteration_moved_bytes: dict[str, list[int]] = field(default_factory=lambda: {"write": [], "read": []})
+    iteration_busy_s: dict[str, list[float]] = field(default_factory=lambda: {"write": [], "read": []})
 
 
 # NOTE [ Copy streams ]: a worker's device copies run on a CUDA stream of its own
@@ -166,6 +168,7 @@ class PlanExecutor(OpStream):
         self._keys = itertools.count()
         self._iter_t0 = time.perf_counter()
         self._iter_stall_s0 = 0.0  # stats.stall_s when this iteration began
+        self._iter_moved0 = {"write": (0, 0.0), "read": (0, 0.0)}  # the engine's (bytes, busy) then
 
     # ---- per op ----------------------------------------------------------------
     def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -699,8 +702,11 @@ class PlanExecutor(OpStream):
         s.iteration_followed.append(self._ending is not Ending.ON_DEMAND)
         self._iter_stall_s0 = s.stall_s
         self._iter_t0 = now
-        if len(s.iteration_s) == 1:  # what iteration 0 moved, and in what time, apart
-            s.first_moved = {d: (self.engine.bytes_moved[d], self.engine.busy_now(d)) for d in ("write", "read")}
+        for d, (moved0, busy0) in self._iter_moved0.items():
+            moved, busy = self.engine.bytes_moved[d], self.engine.busy_now(d)
+            s.iteration_moved_bytes[d].append(moved - moved0)
+            s.iteration_busy_s[d].append(busy - busy0)
+            self._iter_moved0[d] = (moved, busy)
         rss = peak_rss_since_reset()
         if rss is not None:
             s.iteration_peak_rss_bytes.append(rss)

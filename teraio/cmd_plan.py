@@ -95,12 +95,15 @@ def _relative_budget(text: str, problems: list[Any]) -> int:
 
 def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refault_cost: str,
                            transfer_cost: str = "auto", transfer_latency: str = "auto",
+                           ssd_duplex: str = "auto",
                            swap_dir: Path | None = None) -> tuple[dict[str, float], str | None]:
     """``Hardware``'s costs of the compute (NOTE [ Copies on the compute ] in ``planner.simulate``)
-    from the command-line strings, and how they were had (None: given, or 0).
+    and the SSD's duplex (NOTE [ Duplex ] there) from the command-line strings, and how they were
+    had (None: given, or the default).
 
     ``auto`` measures a figure here (``runtime.calibrate``) for a profile taken on the CPU, where
-    the cores that train also copy, and is 0 for any other profile. Exits 2 naming a bad value.
+    the cores that train also copy, and is 0 (a duplex 1) for any other profile. Exits 2 naming a
+    bad value.
     """
     options = {  # Hardware field: (option, its text, seconds per unit of the option)
         "copy_cost_s_per_byte": ("--copy-cost", copy_cost, 1e-9),
@@ -108,7 +111,9 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
         "refault_s_per_byte": ("--refault-cost", refault_cost, 1e-9),
         "transfer_cost_s": ("--transfer-cost", transfer_cost, 1e-6),
         "transfer_latency_s": ("--transfer-latency", transfer_latency, 1e-6),
+        "ssd_duplex": ("--ssd-duplex", ssd_duplex, 1.0),
     }
+    defaults = {field: 1.0 if field == "ssd_duplex" else 0.0 for field in options}
     costs: dict[str, float] = {}
     for field, (option, text, unit) in options.items():
         if text == "auto":
@@ -117,17 +122,20 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
             value = float(text)
         except ValueError:
             fail(f"{option}: bad value {text!r}: give a number or auto")
-        if not 0 <= value * unit <= 1.0:  # more than a second per byte, op or transfer is a typo
+        if field == "ssd_duplex" and not 0 < value <= 1:
+            fail(f"{option}: bad value {text!r}: the share of each direction's bandwidth left while both "
+                 "move, more than 0 and at most 1")
+        elif not 0 <= value * unit <= 1.0:  # more than a second per byte, op or transfer is a typo
             fail(f"{option}: bad value {text!r}: must be a number from 0 to {1 / unit:.0e}")
         costs[field] = value * unit
     if profile.meta.get("device_type") != "cpu" or len(costs) == len(options):
-        return {field: costs.get(field, 0.0) for field in options}, None
+        return {field: costs.get(field, defaults[field]) for field in options}, None
     from runtime.cpu_costs import cached_cpu_costs
 
     measured, how = cached_cpu_costs(swap_dir, measuring=lambda: info(
         "measuring what moving tensors costs the compute on this machine, once (the profile ran on the "
-        "CPU; --copy-cost, --op-overhead, --refault-cost, --transfer-cost and --transfer-latency give the "
-        "figures instead)"))
+        "CPU; --copy-cost, --op-overhead, --refault-cost, --transfer-cost, --transfer-latency and "
+        "--ssd-duplex give the figures instead)"))
     return {field: costs.get(field, getattr(measured, field)) for field in options}, how
 
 
@@ -336,6 +344,14 @@ def plan(
              "microseconds (a worker picking it up, a swap file opened and closed): with the bandwidth, "
              "what a transfer of a small tensor takes. auto: measured on this machine for a profile "
              "taken on the CPU, 0 for any other.")] = "auto",
+    ssd_duplex: Annotated[str, typer.Option(
+        help="The share of each direction's bandwidth the SSD keeps while reads and writes move at once "
+             "(1: they do not slow each other; 0.5: they share one rate). auto: measured on this machine "
+             "for a profile taken on the CPU (the posix backend's writes and reads beside training), 1 "
+             "for any other.")] = "auto",
+    host_duplex: Annotated[float, typer.Option(
+        help="The same for host memory's link, each way (a PCIe link carries both ways at once, a "
+             "little slower: an H200's pinned link kept 0.86-0.91 of each).")] = 1.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Plan which tensors go to SSD or host memory and when, and predict the cost.
@@ -367,12 +383,16 @@ def plan(
         info(f"--gpu-mem {gpu_mem.strip()}: planning for {hw.gpu_mem_bytes:,} bytes ({_mib(hw.gpu_mem_bytes)}) "
              "of the profiled peak")
     costs, how = cpu_costs_from_options(prof, copy_cost, op_overhead, refault_cost, transfer_cost,
-                                        transfer_latency)
-    hw = replace(hw, **costs)
+                                        transfer_latency, ssd_duplex)
+    if not 0 < host_duplex <= 1:
+        fail(f"--host-duplex: bad value {host_duplex:g}: the share of each direction's bandwidth left while "
+             "both move, more than 0 and at most 1")
+    hw = replace(hw, **costs, host_duplex=host_duplex)
     if how is not None:
         info(f"copies cost the compute {hw.copy_cost_s_per_byte * 1e9:.3f} ns per byte moved, the runtime "
              f"{hw.op_overhead_s * 1e6:.1f} us per op and {hw.transfer_cost_s * 1e6:.0f} us per transfer "
-             f"(which holds its channel {hw.transfer_latency_s * 1e6:.0f} us more), "
+             f"(which holds its channel {hw.transfer_latency_s * 1e6:.0f} us more; "
+             f"while both directions move, each keeps {hw.ssd_duplex:.2f} of its rate), "
              f"faulting memory in again {hw.refault_s_per_byte * 1e9:.3f} ns per byte ({how}; NOTE [ Copies "
              "on the compute ] in planner/simulate.py)")
     rank_plans = {}

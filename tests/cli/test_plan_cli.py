@@ -202,6 +202,26 @@ def test_bad_compute_costs_are_one_line_and_exit_2(synth: Path, option: str) -> 
         assert r.returncode == 2 and f"{option}: bad value" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("option", ["--ssd-duplex", "--host-duplex"])
+def test_a_duplex_is_a_share_and_is_planned_for(synth: Path, option: str) -> None:
+    """NOTE [ Duplex ] in planner.simulate: more than 0, at most 1; a plan records it and, where
+    both directions move at once, predicts a slower iteration than with independent directions."""
+    for bad in ("0", "-0.5", "1.5", "nan"):
+        r = run_teraio("plan", synth / "profiles" / "p1", "--gpu-mem", "1.5G", option, bad, "--out", synth / "x.json")
+        assert r.returncode == 2 and f"{option}: bad value" in r.stderr and "Traceback" not in r.stderr
+    args = [synth / "profiles" / "p1", "--gpu-mem", "1.5G", "--ssd-bw", "2", "--host-mem", "1G", "--host-bw", "2",
+            "--no-compare"]
+    plans = {}
+    for duplex in ("1", "0.25"):
+        out = synth / f"duplex-{duplex}.json"
+        r = run_teraio("plan", *args, option, duplex, "--out", out)
+        assert r.returncode == 0, r.stderr
+        plans[duplex] = load_plan(out)
+    key = option.removeprefix("--").replace("-", "_")
+    assert plans["1"].parameters[key] == 1 and plans["0.25"].parameters[key] == 0.25
+    assert plans["0.25"].summary["predicted_iteration_us"] > plans["1"].summary["predicted_iteration_us"]
+
+
 def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
     """`auto` on a profile taken on the CPU runs the calibration (runtime.calibrate) on this
     machine once; the next plan reads its figures from the cache. Planning in a shell that a
@@ -225,6 +245,7 @@ def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
         assert params["copy_cost_s_per_byte"] >= 0 and params["refault_s_per_byte"] >= 0
         assert params["transfer_cost_s"] > 0  # hundreds of us here: never lost in the noise
         assert params["transfer_latency_s"] > 0
+        assert 0 < params["ssd_duplex"] <= 1
     assert plans[0]["copy_cost_s_per_byte"] == plans[1]["copy_cost_s_per_byte"]
     assert plans[0]["ssd_read_bw_bytes_per_s"] == 16e9
     measured = next(iter(json.loads((tmp_path / "cache" / "teraio" / "cpu-costs.json").read_text()).values()))

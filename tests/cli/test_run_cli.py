@@ -69,6 +69,10 @@ def test_run_under_a_plan_is_bit_identical_and_within_budget(
     assert sum(report["bytes_written"].values()) > 0 and sum(report["bytes_read"].values()) > 0
     # from iteration 1 on, over the time each direction moved bytes (NOTE [ Copy streams ])
     assert report["write_bandwidth_bytes_per_s"] > 0 and report["read_bandwidth_bytes_per_s"] > 0
+    for d, total in (("write", report["bytes_written"]), ("read", report["bytes_read"])):
+        moved, busy = report["iteration_moved_bytes"][d], report["iteration_busy_s"][d]
+        assert len(moved) == len(busy) == report["iterations"]
+        assert 0 < sum(moved[1:]) <= sum(total.values()) and all(b > 0 for m, b in zip(moved, busy, strict=True) if m)
     assert report["unfollowed_iterations"] == []
     if share == "min":  # its plan frees parameters against their kept copies (NOTE [ Copies kept ])
         assert any(m.get("reuse_copy") for m in plan["ranks"]["0"])

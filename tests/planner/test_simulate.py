@@ -227,3 +227,35 @@ def test_a_transfer_latency_holds_the_channel_but_moves_and_costs_no_bytes() -> 
     assert host.offload_us[0].tolist() == pytest.approx([1000.0, 1500.0])
     with pytest.raises(ValueError, match="transfer_latency_s"):
         simulate(four_ops(), [], BW, float("inf"), transfer_latency_s=-1.0)
+
+
+def test_a_devices_directions_share_it_while_both_move_by_hand() -> None:
+    """NOTE [ Duplex ]: a 1 MB tensor comes back (op 2 on, t = 2,000) while one of 0.5 MB goes out;
+    at 1e9 B/s each way and a duplex of 0.5, both move at half rate until the write ends (t =
+    3,000), then the read goes on alone at full rate: 0.5 MB left, done at 3,500."""
+    sizes = {0: 1_000_000, 1: 500_000}
+    accesses = [(k, t) for t in sizes for k in (0, 5)]
+    problem = problem_from_profile(make_profile([1000.0] * 6, [{"tensor_id": t, "size_bytes": b}
+                                                               for t, b in sizes.items()], accesses))
+    period = {int(problem.tensor_id[i]): i for i in range(problem.num_periods) if problem.start_op[i] == 0}
+
+    def out_and_back(tid: int, out: int, back: int) -> Move:
+        return Move(period=period[tid], tensor_id=tid, size_bytes=sizes[tid], target="ssd", start_op=0, end_op=5,
+                    offload_trigger=out, offload_deadline=-1, prefetch_trigger=back, prefetch_deadline=5,
+                    priority=tid)
+
+    moves = [out_and_back(0, 1, 2), out_and_back(1, 2, 4)]
+    alone = simulate(problem, moves, BW, float("inf"))
+    assert alone.prefetch_us[0].tolist() == pytest.approx([2000.0, 3000.0])
+    assert alone.offload_us[1].tolist() == pytest.approx([2000.0, 2500.0])
+    shared = simulate(problem, moves, BW, float("inf"), ssd_duplex=0.5)
+    assert shared.offload_us[0].tolist() == pytest.approx([1000.0, 2000.0])  # alone: full rate
+    assert shared.offload_us[1].tolist() == pytest.approx([2000.0, 3000.0])
+    assert shared.prefetch_us[0].tolist() == pytest.approx([2000.0, 3500.0])
+    assert shared.busy_us["ssd_write"] == pytest.approx(1000.0 + 1000.0)
+    assert shared.iteration_us == alone.iteration_us == pytest.approx(6000.0)
+    # host memory's link is a device of its own
+    assert simulate(problem, moves, BW, float("inf"), host_duplex=0.5).prefetch_us[0].tolist() == pytest.approx(
+        [2000.0, 3000.0])
+    with pytest.raises(ValueError, match="duplex"):
+        simulate(problem, moves, BW, float("inf"), ssd_duplex=0.0)
