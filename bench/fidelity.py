@@ -75,7 +75,8 @@ def moved(report: dict[str, Any]) -> str:
 def busy(summary: dict[str, Any], report: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """Per direction, the seconds of an iteration the plan predicts its channels busy (moving bytes
     or in a transfer's latency), and the median the run measured (any transfer moving) from
-    iteration 1 on."""
+    iteration 1 on. The plan's SSD and host channels are added, where the run counts a moment both
+    move once: a plan that uses both (not this bench's) would read as over-predicted."""
     share, t = summary["bandwidth_utilisation"], summary["predicted_iteration_us"] / 1e6
     out = {}
     for d in ("write", "read"):

@@ -80,7 +80,10 @@ def pinned_bandwidth(total: int = 1 << 30) -> tuple[float, float, float]:
                     dst.copy_(src, non_blocking=True)
             torch.cuda.synchronize()
             best[i] = min(best[i], time.perf_counter() - t0)
-    return total / best[0], total / best[1], min(max(best[0], best[1]) / best[2], 1.0)
+    # both share until the faster ends (at f of their rates), then the slower goes on alone:
+    # T_both = T_min / f + T_max - T_min (NOTE [ Duplex ])
+    t_min, t_max = min(best[:2]), max(best[:2])
+    return total / best[0], total / best[1], min(max(t_min / max(best[2] - t_max + t_min, 1e-12), 0.05), 1.0)
 
 
 def pinned_plan_args(d2h: float, h2d: float, duplex: float) -> list[str]:

@@ -222,13 +222,37 @@ class _Sim:
 
     # ---- channels ----------------------------------------------------------------------
     def _rates(self) -> dict[str, float]:
-        """Bytes per us each channel moves now (NOTE [ Duplex ])."""
+        """Bytes per us each channel moves now (NOTE [ Duplex ]; a channel that carries releases,
+        ``FREE_BW``, shares nothing)."""
         rates = dict(self.bw_us)
         for dev, f in self.duplex.items():
-            if f < 1.0 and self._top(f"{dev}_write") is not None and self._top(f"{dev}_read") is not None:
-                rates[f"{dev}_write"] *= f
-                rates[f"{dev}_read"] *= f
+            w, r = f"{dev}_write", f"{dev}_read"
+            if (f < 1.0 and max(self.bw_us[w], self.bw_us[r]) < FREE_BW * 1e-6
+                    and self._top(w) is not None and self._top(r) is not None):
+                rates[w] *= f
+                rates[r] *= f
         return rates
+
+    def _shared_step(self, rates: dict[str, float]) -> float:
+        """Us until the first transfer of a device whose directions share it now ends (a hair past,
+        so that a step of that length ends it), when the rates change; inf where none shares."""
+        step = float("inf")
+        for dev in self.duplex:
+            w, r = f"{dev}_write", f"{dev}_read"
+            if rates[w] < self.bw_us[w]:
+                for c in (w, r):
+                    top = self._top(c)
+                    if top is not None:
+                        step = min(step, (self.remaining[top] + 2 * _TOL) / rates[c])
+        return step
+
+    def _until(self, tid: int, channel: str) -> float:
+        """Us to advance towards the end of transfer ``tid``, the top of ``channel``: to its end at
+        the rate now, or to the first moment the rates change, whichever comes first."""
+        if not self.shared:
+            return self.remaining[tid] / self.bw_us[channel]
+        rates = self._rates()
+        return min(self.remaining[tid] / rates[channel], self._shared_step(rates))
 
     def _advance(self, dt: float) -> None:
         """Let every channel work for ``dt`` us from ``now``, then move ``now``; where a device's
@@ -237,14 +261,8 @@ class _Sim:
             self._advance_at(dt, self.bw_us)
             return
         while dt > 0:
-            rates, step = self._rates(), dt
-            for dev, f in self.duplex.items():
-                w, r = f"{dev}_write", f"{dev}_read"
-                if f < 1.0 and rates[w] < self.bw_us[w]:  # both directions move: the first to end
-                    for c in (w, r):
-                        top = self._top(c)
-                        if top is not None:  # a hair past its end, so that it ends in the step
-                            step = min(step, (self.remaining[top] + 2 * _TOL) / rates[c])
+            rates = self._rates()
+            step = min(dt, self._shared_step(rates))
             self._advance_at(step, rates)
             dt -= step
 
@@ -279,7 +297,7 @@ class _Sim:
             if self.measuring:
                 self.moved[c] += real
                 self.busy[c] += used / bw
-            if self.computing and bw < FREE_BW * 1e-6:  # bw in bytes/us
+            if self.computing and self.bw_us[c] < FREE_BW * 1e-6:  # bytes/us
                 self.debt_us += real * self.copy_us_per_byte
         self.now += dt
 
@@ -319,7 +337,7 @@ class _Sim:
         """Advance until transfer ``tid`` completes; returns the time waited."""
         t0 = self.now
         while self.remaining[tid] > 0 and (top := self._top(channel)) is not None:
-            self._advance(self.remaining[top] / (self._rates()[channel] if self.shared else self.bw_us[channel]))
+            self._advance(self._until(top, channel))
         return self.now - t0
 
     # ---- events ------------------------------------------------------------------------
@@ -451,8 +469,7 @@ class _Sim:
                     if self.measuring:
                         self.waited_pre.add(m)
             while mem[k] - self.offloaded > self.cap + _TOL:
-                rates = self._rates() if self.shared else self.bw_us
-                pending = [(self.remaining[top] / rates[c], top)
+                pending = [(self._until(top, c), top)
                            for c in ("ssd_write", "host_write") if (top := self._top(c)) is not None]
                 if not pending:
                     break

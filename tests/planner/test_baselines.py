@@ -173,3 +173,18 @@ def test_zero_times_the_ops_as_the_planner_does() -> None:
     forward_backward = problem.phase != "optimizer"  # ZeRO times the optimizer step on the CPU
     assert zp.duration_us[forward_backward] == pytest.approx(problem.duration_us[forward_backward])
     assert problem.duration_us.sum() == pytest.approx(0.8 * k["duration_us"].sum())
+
+
+def test_releases_share_no_device_and_cost_no_copies() -> None:
+    """NOTE [ Duplex ] in planner.simulate: the baselines' releases of parameters whose master copy
+    is elsewhere go on a channel of infinite rate; a device's duplex neither slows them nor makes
+    them copies the compute pays for (it did: ZeRO-Infinity's copy charge grew with a duplex < 1)."""
+    prof = synthetic_profile(4, 6, 3, num_extra=2, seed=3, activation_bytes=16 << 20, param_bytes=16 << 20,
+                             op_us=500.0)
+    prob = problem_from_profile(prof)
+    hw = Hardware(gpu_mem_bytes=int(prob.memory_bytes.max() * 0.5), ssd_read_bw_bytes_per_s=2e9,
+                  ssd_write_bw_bytes_per_s=1e9, host_bw_bytes_per_s=4e9, host_mem_bytes=1 << 32,
+                  copy_cost_s_per_byte=0.4e-9, transfer_latency_s=3e-4)
+    independent = run_baselines(prof, prob, hw)["zero_infinity"].sim
+    shared = run_baselines(prof, prob, replace(hw, host_duplex=0.5))["zero_infinity"].sim
+    assert shared.copy_charge_us == independent.copy_charge_us > 0

@@ -259,3 +259,24 @@ def test_a_devices_directions_share_it_while_both_move_by_hand() -> None:
         [2000.0, 3000.0])
     with pytest.raises(ValueError, match="duplex"):
         simulate(problem, moves, BW, float("inf"), ssd_duplex=0.0)
+
+
+def test_an_op_waiting_on_a_shared_device_starts_as_its_transfer_ends() -> None:
+    """NOTE [ Duplex ]: op 5 waits for a read that shares the SSD with a write until the write ends
+    (t = 3,000), then runs alone at full rate: the read ends at 3,500, and so does the wait, though
+    at the rate the wait began it would have ended at 4,000."""
+    sizes = {0: 1_000_000, 1: 500_000}
+    accesses = [(0, 0), (5, 0), (0, 1), (6, 1)]
+    tensors = [{"tensor_id": t, "size_bytes": b} for t, b in sizes.items()]
+    problem = problem_from_profile(make_profile([1000.0, 1000.0, 1, 1, 1, 1000.0, 1000.0], tensors, accesses))
+    period = {int(problem.tensor_id[i]): i for i in range(problem.num_periods) if problem.start_op[i] == 0}
+
+    def out_and_back(tid: int, out: int, back: int, end: int) -> Move:
+        return Move(period=period[tid], tensor_id=tid, size_bytes=sizes[tid], target="ssd", start_op=0, end_op=end,
+                    offload_trigger=out, offload_deadline=-1, prefetch_trigger=back, prefetch_deadline=end,
+                    priority=tid)
+
+    sim = simulate(problem, [out_and_back(0, 0, 2, 5), out_and_back(1, 2, 6, 6)], BW, float("inf"),
+                   num_iterations=1, ssd_duplex=0.5)
+    assert sim.prefetch_us[0].tolist() == pytest.approx([2000.0, 3500.0])
+    assert sim.op_start_us[5] == pytest.approx(3500.0) and sim.stall_us_before[5] == pytest.approx(1497.0)
