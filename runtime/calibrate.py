@@ -125,10 +125,7 @@ def _out_and_back(compute: _Compute, backend: PosixBackend, tensor_bytes: int, c
                 engine.submit(Job(key, direction, tensor_bytes, work))
             done = 0
             while done < count:
-                while engine.completed:
-                    job = engine.completed.popleft()
-                    if job.error is not None:
-                        raise job.error
+                for job in _drain(engine, 0):
                     if direction == "write":
                         free_storage(storages[job.tensor_id])
                     done += 1
