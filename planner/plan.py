@@ -215,6 +215,13 @@ class Plan:
         return None if value is None else int(value)
 
     @property
+    def device_type(self) -> str | None:
+        """The device its profile trained on (``parameters.device_type``: ``cpu``, ``cuda``,
+        ``synthetic``), or None where the plan does not say."""
+        value = self.parameters.get("device_type")
+        return None if value is None else str(value)
+
+    @property
     def host_mem_bytes(self) -> int | None:
         value = self.parameters.get("host_mem_bytes")
         return None if value is None else int(value)

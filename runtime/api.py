@@ -30,14 +30,16 @@ MAX_HOST_POOL_BYTES = 64 << 30
 
 
 def make_backends(backend: str, swap_dir: str | os.PathLike[str] | None,
-                  host_mem_bytes: int) -> dict[str, Backend]:
+                  host_mem_bytes: int, cuda: bool | None = None) -> dict[str, Backend]:
     """The backend for each plan target ("ssd", "host"), chosen once at start. The host pool
-    is allocated at its first use (none with ``host_mem_bytes`` 0)."""
-    host = HostBackend(host_mem_bytes, spill_dir=swap_dir)
+    is allocated at its first use (none with ``host_mem_bytes`` 0). ``cuda``: whether the script
+    trains on CUDA (by default, whether CUDA is available): only then is the host pool pinned and
+    does ``auto`` take kvikio."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    host = HostBackend(host_mem_bytes, pin=cuda, spill_dir=swap_dir)
     if backend == "host":
         return {"ssd": host, "host": host}
-    if backend == "kvikio" or (backend == "auto" and torch.cuda.is_available()
-                               and _has_kvikio()):
+    if backend == "kvikio" or (backend == "auto" and cuda and _has_kvikio()):
         return {"ssd": KvikioBackend(swap_dir), "host": host}
     if backend not in ("auto", "posix"):
         raise ValueError(f"unknown backend {backend!r}: choose auto, posix, host or kvikio")
@@ -106,7 +108,12 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     if rank not in run_plan.migrations:  # it would run with nothing moved, silently
         check_rank(run_plan, rank, int(os.environ.get("WORLD_SIZE", run_plan.job_size)),
                    "plan" if isinstance(plan, Plan) else plan)
-    if torch.cuda.is_available():
+    # NOTE [ A CPU script on a GPU machine ]: a plan made from a CPU profile runs without
+    # touching CUDA (a context takes device memory a neighbour may be using, pinning takes host
+    # memory): no device memory asked for, no pinned pool, no kvikio. A plan that does not say
+    # (made before 2026-11-26) runs as one for CUDA wherever CUDA is available.
+    cuda = run_plan.device_type != "cpu" and torch.cuda.is_available()
+    if cuda:
         why = first_iteration_warning(run_plan, torch.cuda.mem_get_info()[1])
         if why is not None:
             warnings.warn(f"teraio: {why}", RuntimeWarning, stacklevel=3)
@@ -126,7 +133,7 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     ended_by: BaseException | None = None
     t0 = time.perf_counter()
     try:
-        backends = make_backends(backend, swap_dir, min(host_bytes, MAX_HOST_POOL_BYTES))
+        backends = make_backends(backend, swap_dir, min(host_bytes, MAX_HOST_POOL_BYTES), cuda)
         engine = MigrationEngine(num_workers)
         if reuse_copies is None:
             reuse_copies = os.environ.get("TERAIO_REUSE_COPIES", "1") != "0"

@@ -145,3 +145,28 @@ def test_the_first_iteration_follows_its_own_plan(tmp_path: Path) -> None:
     assert report["first_iteration_budget_bytes"] == budget
     assert_within_budget(report, budget)
     assert peaks[1] <= budget, (budget, peaks)
+
+
+def test_a_cpu_script_runs_without_cuda(tmp_path: Path) -> None:
+    """NOTE [ A CPU script on a GPU machine ] in runtime/api.py: the plan says its profile trained on
+    the CPU, and `teraio run` then starts no CUDA context (no device memory asked for, no pinned
+    pool) even where CUDA is available. Where it is not, only the plan's record is checked."""
+    script = tmp_path / "train_cpu.py"
+    script.write_text(
+        "import runpy, sys\nimport torch\n"
+        f"sys.argv = [{str(EXAMPLE)!r}, *sys.argv[1:]]\n"
+        f"runpy.run_path({str(EXAMPLE)!r}, run_name='__main__')\n"
+        "print('cuda initialized:', torch.cuda.is_initialized())\n")
+    args = [*SMALL_GPT, "--steps", "4", "--device", "cpu"]
+    r = run_teraio("profile", script, "--out", tmp_path / "profile", "--iters", "2", "--", *args)
+    assert r.returncode == 0, r.stderr
+    budget = budgets(tmp_path / "profile")["50%"]
+    r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", str(budget), "--ssd-bw", "2",
+                   "--host-mem", "64M", "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["parameters"]["device_type"] == "cpu"
+    assert any(m["action"] == "offload" and m["target"] == "host" for m in plan["ranks"]["0"])
+    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path, script, "--", *args)
+    assert r.returncode == 0, r.stderr
+    assert "cuda initialized: False" in r.stdout, r.stdout
