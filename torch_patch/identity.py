@@ -230,6 +230,14 @@ class StorageIds:
         while self._pending:
             self._free(*self._pending.popleft())
 
+    def drain_here(self) -> bool:
+        """Apply the frees queued on other threads if the calling thread dispatches ops; whether
+        it does (elsewhere nothing is applied: NOTE [ Frees on other threads ])."""
+        if threading.get_ident() != self._thread:
+            return False
+        self.drain()
+        return True
+
     def live(self) -> dict[int, torch.UntypedStorage]:
         """Tensor id -> storage of every tracked storage still alive."""
         out = {}
