@@ -441,7 +441,7 @@ class PlanExecutor(OpStream):
     # many ops: FSDP2's reduce-scatter input (199,936 bytes of a 2,298,132-byte budget) was
     # freed at the op after it in the profile and 27 ops later under CPU load: beside two busy
     # loops, tests/distributed/test_jobs.py's FSDP2 job had a rank 5-8.7% over its budget in 8 of
-    # 16 runs, and in none of 6 with this wait. So where
+    # 16 runs, and in none of 16 with this wait. So where
     # memory is still over the budget once no write is left to wait for, the training thread
     # lets the GIL go (``time.sleep(0)``) and applies the frees that came, as long as some do
     # (only the thread that runs the ops applies them: NOTE [ Frees on other threads ]).
