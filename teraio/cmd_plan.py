@@ -324,7 +324,8 @@ def plan(
     copy_cost: Annotated[str, typer.Option(
         help="Compute time each byte moved takes from the training, in nanoseconds per byte: on a CPU the "
              "cores that train also copy. auto: measured on this machine (10-20 s, then kept a week in "
-             "~/.cache/teraio/cpu-costs.json; plan on the machine that trains) for a profile taken on the "
+             "~/.cache/teraio/cpu-costs.json, an hour if other processes kept the cores busy meanwhile; "
+             "plan on the machine that trains, when it is quiet) for a profile taken on the "
              "CPU, 0 for any other (a GPU copies beside the compute).")] = "auto",
     op_overhead: Annotated[str, typer.Option(
         help="Time `teraio run` adds to every op, in microseconds (its dispatch mode). auto: measured "
