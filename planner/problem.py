@@ -45,7 +45,7 @@ from planner.errors import InfeasibleBudgetError
 from profiles import Profile, active_bytes, inactive_periods, made_bytes, memory_curve
 
 __all__ = ["PlanProblem", "check_capacity", "cyclic_add", "first_problem", "median_durations_us",
-           "problem_from_profile", "resident_need_bytes"]
+           "problem_from_profile", "resident_need_bytes", "written_unseen"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,6 +130,15 @@ def op_scratch_bytes(profile: Profile, rank: int, kernels: pd.DataFrame) -> np.n
     return _alike(profile, rank, kernels, "scratch_bytes", np.int64).max(axis=0)
 
 
+NAMED_KINDS = ("param", "buffer", "grad", "optimizer_state")
+
+
+def written_unseen(profile: Profile, rank: int = 0) -> list[str]:
+    """The named storages of ``rank`` that code teraio cannot see wrote while it was profiled
+    (NOTE [ Writes teraio cannot see ] in torch_patch.tracer); none in a profile that predates it."""
+    return list((profile.meta.get("written_unseen") or {}).get(str(rank), []))
+
+
 def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None = None) -> PlanProblem:
     """The arrays of one rank's (first recorded, by default) iteration of ``profile``; by default its
     op times are the median over the recorded iterations (``median_durations_us``)."""
@@ -137,8 +146,12 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
     periods = inactive_periods(profile, rank, iteration)
     tensors = profile.tensors_of(rank)
     # A storage that cannot be freed in place (numpy- or shared-memory-backed) is never moved;
-    # nor is one between a collective and its next use (NOTE [ Busy in a collective ]).
+    # nor is one between a collective and its next use (NOTE [ Busy in a collective ]), nor any
+    # named one where code teraio cannot see wrote some (NOTE [ Writes teraio cannot see ] in
+    # torch_patch.tracer).
     fixed = tensors["tensor_id"][~tensors["resizable"]] if "resizable" in tensors else pd.Series([], dtype=np.int64)
+    if written_unseen(profile, rank):
+        fixed = pd.concat([fixed, tensors["tensor_id"][tensors["kind"].isin(NAMED_KINDS)]])
     names = kernels["op_name"].to_numpy(object)
     busy = np.array([str(names[k % len(names)]).startswith("c10d.") for k in periods["start_op"]], bool) \
         if len(names) else np.zeros(len(periods), bool)

@@ -88,7 +88,8 @@ class Profile:
 def merge_ranks(parts: list[Profile]) -> Profile:
     """One profile of a job from its ranks' own profiles (each of one rank): the tables side
     by side (their ``rank`` column tells them apart), ``meta`` of the lowest rank with the
-    job's ``ranks``, per-rank ``signatures``, ``carried_into_next`` and set-aside iterations.
+    job's ``ranks``, per-rank ``signatures``, ``carried_into_next``, ``written_unseen`` and set-aside
+    iterations.
     """
     parts = sorted(parts, key=lambda p: p.ranks[0])
     ranks = [r for p in parts for r in p.ranks]
@@ -102,6 +103,7 @@ def merge_ranks(parts: list[Profile]) -> Profile:
         **parts[0].meta, "ranks": ranks, "signatures": meta("signatures"),
         "skipped_iterations": [{**s, "rank": p.ranks[0]} for p in parts for s in p.meta.get("skipped_iterations", [])],
         "compiled": sorted({c for p in parts for c in p.meta.get("compiled", [])}),
+        "written_unseen": meta("written_unseen"),
     }
     if "carried_into_next" in parts[0].meta:
         merged["carried_into_next"] = meta("carried_into_next")

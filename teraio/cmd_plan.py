@@ -366,6 +366,7 @@ def plan(
     from planner import InfeasibleBudgetError, build_plan, plan_rank, problem_from_profile, save_plan
     from planner.operate import DEFAULT_SSD_ENDURANCE_PBW, bandwidth_needed, ssd_wear
     from planner.plan import signatures_of
+    from planner.problem import written_unseen
 
     if ssd_endurance_pbw is None:
         ssd_endurance_pbw = DEFAULT_SSD_ENDURANCE_PBW
@@ -373,6 +374,12 @@ def plan(
         fail(f"--ssd-endurance-pbw must be positive, not {ssd_endurance_pbw:g}")
     prof = load_profile(profile)
     problems = {rank: problem_from_profile(prof, rank) for rank in prof.ranks}
+    for rank in prof.ranks:
+        if unseen := written_unseen(prof, rank):  # NOTE [ Writes teraio cannot see ] in torch_patch/tracer.py
+            info(f"{'rank ' + str(rank) + ': ' if len(prof.ranks) > 1 else ''}code teraio cannot see wrote "
+                 f"{len(unseen)} named tensors ({', '.join(unseen[:4])}{', ...' if len(unseen) > 4 else ''}) "
+                 "while it was profiled: this plan keeps every parameter, buffer, gradient and optimizer "
+                 "state in memory and moves the rest")
     if ssd_bw.strip().lower() == "auto":
         ssd_bw, ssd_read_bw, ssd_write_bw = _auto_ssd_bw(prof, ssd_read_bw, ssd_write_bw)
     hw = hardware_from_options(prof, gpu_mem, ssd_bw, ssd_read_bw, ssd_write_bw, host_mem, host_bw,

@@ -260,6 +260,14 @@ def profile(
     if not_resizable:
         info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory or DLPack "
              "memory): they stay in memory")
+    unseen = sorted(tracer.written_unseen)
+    if unseen:  # NOTE [ Writes teraio cannot see ] in torch_patch/tracer.py
+        info(f"{len(unseen)} named tensors ({', '.join(unseen[:4])}{', ...' if len(unseen) > 4 else ''}) "
+             "changed between steps with no op that teraio saw writing them: code below PyTorch's "
+             "dispatcher writes them (an extension's kernel called directly, as apex's or DeepSpeed's "
+             "fused Adam and bitsandbytes' 8-bit optimizers are, a CUDA graph replayed, or an op on "
+             "another thread), and may read others teraio cannot see; plans keep every parameter, "
+             "buffer, gradient and optimizer state in memory and move the rest")
     if world_size > 1:
         prof = _job_profile(prof, out_dir, job_rank, world_size)
         if prof is None:

@@ -26,15 +26,17 @@ import hashlib
 import os
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from profiles import Profile, TeraioError
-from torch_patch.identity import CARRIED_FLAG, INPUT_BASE, LONG_BASE, PRODUCED_BASE
+from torch_patch.identity import CARRIED_FLAG, INPUT_BASE, LONG_BASE, PRODUCED_BASE, persistent_names
 from torch_patch.opstream import OpInfo, OpStream
 
 __all__ = ["IrregularIterations", "IterationSummary", "ProfileComplete", "Tracer", "signature_of"]
@@ -227,6 +229,11 @@ class Tracer(OpStream):
         self._rec: _Iteration | None = None
         self._t0 = time.perf_counter_ns()
         self._now = time.perf_counter_ns
+        # NOTE [ Writes teraio cannot see ]: the named storages' fingerprints at the last
+        # boundary, the storages ops wrote since, and the names written unseen
+        self._prints: dict[str, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
+        self._written: set[int] = set()
+        self.written_unseen: set[str] = set()
 
     @property
     def rank(self) -> int:
@@ -306,6 +313,10 @@ class Tracer(OpStream):
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         if self._choose_clock and not self.cuda_timing:
             self.cuda_timing = any(t.is_cuda for _, t, _ in inputs) or any(t.is_cuda for _, t, _ in outputs)
+        written = self._written  # an ``out=`` argument is among them: its schema marks it written
+        for tid, _, write in inputs:
+            if write:
+                written.add(tid)
         rec = self._rec
         if rec is None:
             for tid, t, new in outputs:  # keep sizes of storages that outlive the warm-up
@@ -378,7 +389,45 @@ class Tracer(OpStream):
         self._record()  # iteration 0
         return out
 
+    # NOTE [ Writes teraio cannot see ]: an extension's kernel called directly (apex's and
+    # DeepSpeed's fused Adam, bitsandbytes' 8-bit optimizers, a CUDA graph replayed) or an op on
+    # another thread writes tensors below teraio's dispatch mode. A parameter such an optimizer
+    # updates looks unchanged to teraio, so `teraio run` freed it against the copy it had kept
+    # from before the update (NOTE [ Copies kept ] in planner.clean), and the update was lost:
+    # an optimizer that wrote each parameter through ctypes trained to other losses from step 2
+    # on under a plan at the smallest budget. It may also read tensors teraio has out. So at each
+    # boundary the tracer takes a fingerprint of every named storage (parameters, buffers,
+    # gradients, optimizer state: the 64-bit sum of its 32-bit words, or bytes), and a storage
+    # that changed since the boundary before with no op that teraio saw writing it is named in
+    # the profile (``written_unseen``). The planner then moves none of the named storages: the
+    # code that wrote them may read any of them. A write that leaves the sum unchanged, or a read
+    # alone, is not seen.
+    def _fingerprints(self) -> None:
+        """Compare every named storage with its fingerprint at the boundary before, and take new
+        ones (NOTE [ Writes teraio cannot see ])."""
+        named, _ = persistent_names(self._roots, self.optimizers())
+        prints: dict[str, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
+        with _disable_current_modes(), torch.no_grad():
+            for pn in named:
+                storage = pn.storage
+                if storage.device.type not in ("cpu", "cuda") or storage.nbytes() == 0:
+                    continue  # meta (fake mode), or freed (FSDP2's unsharded parameters)
+                words = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+                if storage.nbytes() % 4 == 0:
+                    words = words.view(torch.int32)
+                value = int(words.sum(dtype=torch.int64))
+                prints[pn.name] = (weakref.ref(storage), value)
+                before = self._prints.get(pn.name)
+                if before is None or before[0]() is not storage or before[1] == value:
+                    continue
+                tid = self.ids.get(storage)
+                if tid is None or tid not in self._written:
+                    self.written_unseen.add(pn.name)
+        self._prints = prints
+        self._written = set()
+
     def end_iteration(self) -> None:
+        self._fingerprints()
         rec = self._rec
         recorded = self.iteration >= self.warmup
         summary = IterationSummary(iteration=self.iteration, recorded=False, skipped=None,
@@ -601,6 +650,7 @@ class Tracer(OpStream):
             "iterations_identical": True,  # NOTE [ Steady iterations ]
             "skipped_iterations": self.skipped,
             "compiled": list(self.compiled),
+            "written_unseen": {str(self.rank): sorted(self.written_unseen)},  # NOTE [ Writes teraio cannot see ]
             "torch_version": torch.__version__,
             "python_version": sys.version.split()[0],
             "signature": signature_of(k0["op_name"].tolist(), sizes),
