@@ -406,23 +406,26 @@ class Tracer(OpStream):
         """Compare every named storage with its fingerprint at the boundary before, and take new
         ones (NOTE [ Writes teraio cannot see ])."""
         named, _ = persistent_names(self._roots, self.optimizers())
+        named = [pn for pn in named if pn.storage.device.type in ("cpu", "cuda") and pn.storage.nbytes()]
+        with _disable_current_modes(), torch.no_grad():  # not ops of the script's
+            sums = []
+            for pn in named:  # (meta storages of fake mode and FSDP2's freed unsharded ones left out)
+                words = torch.empty(0, dtype=torch.uint8, device=pn.storage.device).set_(pn.storage)
+                sums.append((words.view(torch.int32) if pn.storage.nbytes() % 4 == 0 else words).sum(dtype=torch.int64))
+            values = [0] * len(sums)
+            for device in {v.device for v in sums}:  # one copy to the host per device
+                at = [i for i, v in enumerate(sums) if v.device == device]
+                for i, v in zip(at, torch.stack([sums[i] for i in at]).tolist(), strict=True):
+                    values[i] = int(v)
         prints: dict[str, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
-        with _disable_current_modes(), torch.no_grad():
-            for pn in named:
-                storage = pn.storage
-                if storage.device.type not in ("cpu", "cuda") or storage.nbytes() == 0:
-                    continue  # meta (fake mode), or freed (FSDP2's unsharded parameters)
-                words = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-                if storage.nbytes() % 4 == 0:
-                    words = words.view(torch.int32)
-                value = int(words.sum(dtype=torch.int64))
-                prints[pn.name] = (weakref.ref(storage), value)
-                before = self._prints.get(pn.name)
-                if before is None or before[0]() is not storage or before[1] == value:
-                    continue
-                tid = self.ids.get(storage)
-                if tid is None or tid not in self._written:
-                    self.written_unseen.add(pn.name)
+        for pn, value in zip(named, values, strict=True):
+            prints[pn.name] = (weakref.ref(pn.storage), value)
+            before = self._prints.get(pn.name)
+            if before is None or before[0]() is not pn.storage or before[1] == value:
+                continue
+            tid = self.ids.get(pn.storage)
+            if tid is None or tid not in self._written:
+                self.written_unseen.add(pn.name)
         self._prints = prints
         self._written = set()
 
