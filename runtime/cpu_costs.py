@@ -11,8 +11,8 @@ process's compute on the same cores makes them longer: a measurement made while
 a test suite ran here gave 54 us per op and 0.83 ns per byte refaulted, where
 three on the quiet machine gave 44-49 us and 0.34-0.35 ns, and every plan for a
 week would have used them. So the measurement counts the CPU time the rest of
-the machine used meanwhile (``/proc/stat``'s busy time less this process's
-own); figures measured while others kept more than ``BUSY_CORES`` of a core
+the machine used meanwhile (``/proc/stat``'s busy time of the CPUs this process
+may run on, less its own); figures measured while others kept more than ``BUSY_CORES`` of a core
 busy on average are kept for an hour, not a week, and the message says so.
 """
 
@@ -93,6 +93,8 @@ def cached_cpu_costs(swap_dir: str | Path | None = None,
     try:
         doc = json.loads(path.read_text())
         entry = doc[key]
+        if not isinstance(entry, dict):
+            raise TypeError("not an entry")
         others = float(entry.get("others_cores", 0.0))
         if time.time() - float(entry["measured_at"]) < _kept_s(others):
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(entry["measured_at"])))
@@ -135,20 +137,29 @@ def _beside(others_cores: float) -> str:
 
 
 def _cpu_now() -> tuple[float, float, float] | None:
-    """(wall, the machine's busy CPU seconds, this process's CPU seconds); None without ``/proc/stat``."""
+    """(wall, busy CPU seconds of the CPUs this process may run on, this process's CPU seconds);
+    None without ``/proc/stat``. Busy: user, nice, system and steal time, not interrupts (the
+    measurement's own I/O makes those)."""
     try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
+        lines = Path("/proc/stat").read_text().splitlines()
+        mine = {f"cpu{c}" for c in os.sched_getaffinity(0)}
+    except (OSError, AttributeError):
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    busy = 0
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] in mine:
+            user, nice, system, steal = int(fields[1]), int(fields[2]), int(fields[3]), int(fields[8])
+            busy += user + nice + system + steal
     own = resource.getrusage(resource.RUSAGE_SELF)
-    return (time.perf_counter(), (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"),
-            own.ru_utime + own.ru_stime)
+    return time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), own.ru_utime + own.ru_stime
 
 
-def _others_cores(start: tuple[float, float, float] | None) -> float:
-    """The cores other processes kept busy on average since ``start`` (``_cpu_now``); 0 where unknown."""
-    end = _cpu_now()
+def _others_cores(start: tuple[float, float, float] | None,
+                  end: tuple[float, float, float] | None = None) -> float:
+    """The cores other processes kept busy on average from ``start`` to ``end`` (``_cpu_now``; by
+    default now); 0 where unknown."""
+    end = _cpu_now() if end is None else end
     if start is None or end is None or end[0] <= start[0]:
         return 0.0
     return max((end[1] - start[1]) - (end[2] - start[2]), 0.0) / (end[0] - start[0])

@@ -341,12 +341,15 @@ class PlanExecutor(OpStream):
     # only after its bytes are written, its entry says SSD or HOST only once it is freed
     # (until then a freed storage with no job is still "out"), and it is reallocated
     # before its read is submitted (an SSD or HOST entry with no job is read again).
-    def _fetch(self, tid: int, entry: _Entry, urgent: bool, keep_copy: bool = False, priority: int = 0) -> None:
+    def _fetch(self, tid: int, entry: _Entry, urgent: bool, keep_copy: bool = False, priority: int = 0,
+               for_op: bool = True) -> None:
+        """Read ``entry`` back; ``for_op`` false where no op is about to run (an exit, a save):
+        no wait for frees that wait for the GIL (NOTE [ Room ])."""
         storage = entry.storage()
         if storage is None:
             return
         if self.schedule is not None:
-            self._make_room(entry.nbytes)
+            self._make_room(entry.nbytes, for_op)
         realloc_storage(storage, entry.nbytes)
         self.stats.tracked_bytes += entry.nbytes
         self.stats.peak_tracked_bytes = max(self.stats.peak_tracked_bytes, self.stats.tracked_bytes)
@@ -445,9 +448,9 @@ class PlanExecutor(OpStream):
     # memory is still over the budget once no write is left to wait for, the training thread
     # lets the GIL go (``time.sleep(0)``) and applies the frees that came, as long as some do
     # (only the thread that runs the ops applies them: NOTE [ Frees on other threads ]).
-    def _make_room(self, nbytes: int) -> None:
+    def _make_room(self, nbytes: int, for_op: bool = True) -> None:
         """Wait for offloads in flight, oldest first, until ``nbytes`` more fit the budget or
-        none is left, then for frees waiting for the GIL (NOTE [ Room ])."""
+        none is left, then, before an op (``for_op``), for frees waiting for the GIL (NOTE [ Room ])."""
         budget = self.schedule.budget_bytes if self.schedule is not None else None
         writes = self._writes
         if budget is None:
@@ -457,7 +460,7 @@ class PlanExecutor(OpStream):
             if entry.state is Residency.OFFLOADING and not entry.touched:  # a touched one frees nothing
                 self._wait(entry)
         before = self.stats.tracked_bytes + 1
-        while before > self.stats.tracked_bytes and self.stats.tracked_bytes + nbytes > budget:
+        while for_op and before > self.stats.tracked_bytes and self.stats.tracked_bytes + nbytes > budget:
             before = self.stats.tracked_bytes
             time.sleep(0)  # NOTE [ Frees that wait for the GIL ]
             if not self.ids.drain_here():  # a checkpoint writer's thread: its frees are not its to apply
@@ -602,7 +605,7 @@ class PlanExecutor(OpStream):
             # holds its bytes in the backend; anything else is resident already.
             if storage.nbytes() == 0 or entry.state in (Residency.SSD, Residency.HOST):
                 try:
-                    self._fetch(tid, entry, urgent=True)
+                    self._fetch(tid, entry, urgent=True, for_op=False)
                 except (RuntimeError, MemoryError) as exc:  # no memory to bring it back into
                     if errors is None:
                         raise
@@ -654,7 +657,7 @@ class PlanExecutor(OpStream):
             self._wait(entry)  # an offload in flight finishes first (then it is out)
             entry = self.moved.get(tid)
             if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
-                self._fetch(tid, entry, urgent=True, keep_copy=True)
+                self._fetch(tid, entry, urgent=True, keep_copy=True, for_op=False)
                 self._wait(entry)
                 self.stats.save_fetches += 1
                 refree.append((tid, entry))

@@ -189,6 +189,14 @@ class _Iteration:
         self.events.append(events)
 
 
+def _fingerprint(storage: torch.UntypedStorage) -> torch.Tensor:
+    """The wrapping 64-bit sum of ``storage``'s 8-byte words and of its last bytes, on its device,
+    with no copy of it (a sum of narrower words converts them all first: 2-8 times the storage)."""
+    data = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    n = storage.nbytes() // 8 * 8
+    return data[:n].view(torch.int64).sum() + data[n:].sum(dtype=torch.int64)
+
+
 class Tracer(OpStream):
     def __init__(
         self,
@@ -397,21 +405,22 @@ class Tracer(OpStream):
     # an optimizer that wrote each parameter through ctypes trained to other losses from step 2
     # on under a plan at the smallest budget. It may also read tensors teraio has out. So at each
     # boundary the tracer takes a fingerprint of every named storage (parameters, buffers,
-    # gradients, optimizer state: the 64-bit sum of its 32-bit words, or bytes), and a storage
-    # that changed since the boundary before with no op that teraio saw writing it is named in
-    # the profile (``written_unseen``). The planner then moves none of the named storages: the
-    # code that wrote them may read any of them. A write that leaves the sum unchanged, or a read
-    # alone, is not seen.
+    # gradients, optimizer state: the wrapping 64-bit sum of its 8-byte words, ``_fingerprint``),
+    # and one that lived through the iteration since the boundary before and changed in it, with
+    # no op that teraio saw writing it there, is named in the profile (``written_unseen``). The
+    # planner then moves none of the named storages: the code that wrote them may read any of them.
+    # Not seen: a write that leaves the sum unchanged; an unseen write in an iteration where an op
+    # also wrote the storage; a read alone; a write to a storage made in the same iteration
+    # (gradients under ``zero_grad(set_to_none=True)``, which an extension that clips or unscales
+    # them writes so); a storage no module or optimizer names.
     def _fingerprints(self) -> None:
         """Compare every named storage with its fingerprint at the boundary before, and take new
         ones (NOTE [ Writes teraio cannot see ])."""
         named, _ = persistent_names(self._roots, self.optimizers())
         named = [pn for pn in named if pn.storage.device.type in ("cpu", "cuda") and pn.storage.nbytes()]
         with _disable_current_modes(), torch.no_grad():  # not ops of the script's
-            sums = []
-            for pn in named:  # (meta storages of fake mode and FSDP2's freed unsharded ones left out)
-                words = torch.empty(0, dtype=torch.uint8, device=pn.storage.device).set_(pn.storage)
-                sums.append((words.view(torch.int32) if pn.storage.nbytes() % 4 == 0 else words).sum(dtype=torch.int64))
+            # (meta storages of fake mode and FSDP2's freed unsharded ones left out)
+            sums = [_fingerprint(pn.storage) for pn in named]
             values = [0] * len(sums)
             for device in {v.device for v in sums}:  # one copy to the host per device
                 at = [i for i, v in enumerate(sums) if v.device == device]
