@@ -444,10 +444,11 @@ class PlanExecutor(OpStream):
     # many ops: FSDP2's reduce-scatter input (199,936 bytes of a 2,298,132-byte budget) was
     # freed at the op after it in the profile and 27 ops later under CPU load: beside two busy
     # loops, tests/distributed/test_jobs.py's FSDP2 job had a rank 5-8.7% over its budget in 8 of
-    # 16 runs, and in none of 16 with this wait. So where
-    # memory is still over the budget once no write is left to wait for, the training thread
-    # lets the GIL go (``time.sleep(0)``) and applies the frees that came, as long as some do
-    # (only the thread that runs the ops applies them: NOTE [ Frees on other threads ]).
+    # 16 runs, and in none of 16 with this wait. So where memory is still over the budget before
+    # an op once no write is left to wait for, the training thread lets the GIL go
+    # (``time.sleep(0)``) and applies the frees that came, as long as some do (only the thread
+    # that runs the ops applies them: NOTE [ Frees on other threads ]). An exit or a save, which
+    # runs no op, does not wait so.
     def _make_room(self, nbytes: int, for_op: bool = True) -> None:
         """Wait for offloads in flight, oldest first, until ``nbytes`` more fit the budget or
         none is left, then, before an op (``for_op``), for frees waiting for the GIL (NOTE [ Room ])."""
