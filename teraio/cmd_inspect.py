@@ -30,7 +30,7 @@ def summarize(profile: Any, rank: int = 0) -> dict[str, Any]:
 
     kernels = profile.kernels_of(rank)
     tensors = profile.tensors_of(rank)
-    from planner.problem import op_scratch_bytes
+    from planner.problem import op_scratch_bytes, written_unseen
 
     mem = memory_curve(profile, rank)
     act = active_bytes(profile, rank)
@@ -72,6 +72,7 @@ def summarize(profile: Any, rank: int = 0) -> dict[str, Any]:
                  "iteration_time_us": iteration_time_us(profile.first, rank)}
     return {
         "first_iteration": first,
+        "written_unseen": written_unseen(profile, rank),  # NOTE [ Writes teraio cannot see ]
         "profile": str(profile.path),
         "mode": profile.meta.get("mode"),
         "device": profile.meta.get("device_name"),
@@ -240,6 +241,10 @@ def _print(s: dict[str, Any]) -> None:
     if s["max_scratch_bytes"]:
         print(f"scratch        up to {_mib(s['max_scratch_bytes'])} allocated inside one op (op "
               f"{s['max_scratch_op']}); with it, the peak with nothing moved is {_mib(s['peak_needed_bytes'])}")
+    if s["written_unseen"]:
+        names = s["written_unseen"]
+        print(f"written unseen {len(names)} named tensors ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}) "
+              "changed with no op teraio saw writing them: plans move no named tensor")
     if s["first_iteration"] is not None:
         f = s["first_iteration"]
         print(f"iteration 0    {f['num_ops']:,} ops (set-up, optimizer state made), peak memory "

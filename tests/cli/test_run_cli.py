@@ -220,6 +220,8 @@ def test_tensors_written_where_teraio_cannot_see_stay_in_memory(tmp_path: Path) 
     assert "changed between steps with no op that teraio saw writing them" in r.stderr
     meta = json.loads((tmp_path / "profile" / "meta.json").read_text())
     assert meta["written_unseen"]["0"] == [f"{i}.{w}" for i in (0, 2, 4, 6) for w in ("bias", "weight")]
+    r = run_teraio("inspect", tmp_path / "profile")
+    assert r.returncode == 0 and "written unseen 8 named tensors" in r.stdout, r.stdout + r.stderr
     r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", "min", "--ssd-bw", "1", "--out", tmp_path / "plan.json")
     assert r.returncode == 0, r.stderr
     assert "keeps every parameter, buffer, gradient and optimizer state in memory" in r.stderr
