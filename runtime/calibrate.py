@@ -293,7 +293,9 @@ class _SmallPlans:
                                        period_end_op=end))
 
         def plan(migrations: list[Migration]) -> Plan:  # followed as rank 0's
-            return Plan(signature="", parameters={"host_mem_bytes": 0}, summary={}, migrations={0: migrations},
+            # a CPU plan: followed without starting CUDA (NOTE [ A CPU script on a GPU machine ] in runtime.api)
+            return Plan(signature="", parameters={"host_mem_bytes": 0, "device_type": "cpu"}, summary={},
+                        migrations={0: migrations},
                         op_names={0: names}, made_bytes={0: made_bytes(prof, rank).tolist()})
 
         return cls(len(names), plan([]), plan(moves))
