@@ -37,7 +37,7 @@ from runtime.engine import Job, MigrationEngine
 from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.storage import byte_view, free_storage, realloc_storage
-from torch_patch.opstream import OpInfo, OpStream
+from torch_patch.opstream import OpInfo, OpStream, parts
 
 __all__ = ["PlanExecutor", "Residency", "RunStats", "signals_held"]
 
@@ -207,7 +207,7 @@ class PlanExecutor(OpStream):
             for tensor in _tensors(args, kwargs):
                 try:
                     tid = self.ids.get(tensor.untyped_storage())
-                except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
+                except (RuntimeError, NotImplementedError):  # storage-less tensors (mkldnn)
                     continue
                 entry = self.moved.get(tid) if tid is not None else None
                 if tid is not None and entry is not None:
@@ -629,7 +629,7 @@ class PlanExecutor(OpStream):
         class Walk(pickle.Pickler):
             def persistent_id(self, x: Any) -> Any:
                 if isinstance(x, torch.Tensor):
-                    found.append(x.untyped_storage())
+                    found.extend(t.untyped_storage() for t in _tensors((x,), {}))
                     return len(found)
                 if isinstance(x, torch.UntypedStorage):
                     found.append(x)
@@ -643,10 +643,13 @@ class PlanExecutor(OpStream):
     def resident_for(self, obj: Any) -> Iterator[None]:
         """The offloaded storages of ``obj``'s tensors back for the body (a ``torch.save``,
         which reads storages outside any op); then freed again, their copies kept."""
+        self.uncounted += 1  # the walk's own ops (a sparse tensor's parts) are not the script's
         try:
             storages = self._storages_in(obj)
         except Exception:  # noqa: BLE001 - an object pickle cannot walk: bring everything back
             storages = [e.storage() for e in self.moved.values()]
+        finally:
+            self.uncounted -= 1
         refree: list[tuple[int, _Entry]] = []
         for storage in storages:
             if storage is None:
@@ -846,8 +849,8 @@ class _Sink:
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
+    """The tensors among an op's arguments, a sparse one as its parts (NOTE [ Sparse tensors ])."""
     for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            yield from (b for b in a if isinstance(b, torch.Tensor))
+        for b in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(b, torch.Tensor):
+                yield from (b,) if b.layout is torch.strided else parts(b)

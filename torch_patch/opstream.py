@@ -62,7 +62,7 @@ from torch_patch.identity import (
     signals_outside_callbacks,
 )
 
-__all__ = ["OpInfo", "OpStream", "active_stream", "mark_iteration"]
+__all__ = ["OpInfo", "OpStream", "active_stream", "mark_iteration", "parts"]
 
 _ACTIVE: list[OpStream] = []
 _Tensor = torch.Tensor
@@ -76,6 +76,32 @@ def _local(t: _Tensor) -> _Tensor:
     op on DTensors counts as an access of their local storages."""
     local = getattr(t, "_local_tensor", None)
     return local if isinstance(local, _Tensor) else t
+
+
+# NOTE [ Sparse tensors ]: a sparse tensor has no storage of its own: its bytes are in
+# dense tensors it holds (COO: indices and values; compressed layouts: the compressed and
+# plain indices and the values), which an op on it reads or writes as any other argument
+# (``sparse.mul_(0.9)`` writes its values; ``dense.add_(sparse)`` reads them). Skipped, as
+# they were, an op on a sparse tensor looked to teraio as if it touched none of them, and
+# `teraio run` could free or be still filling its values under that op: wrong results with
+# no error (or a crash inside PyTorch). So an op's sparse argument or result counts as an
+# access of each of its parts, each a tensor with a storage teraio names and may move.
+# Positions: each part takes one (so parts made outside any op get ids of their own), then
+# the sparse tensor one more.
+def parts(t: _Tensor) -> tuple[_Tensor, ...]:
+    """The dense tensors holding a sparse tensor's bytes; () for any other storage-less
+    tensor (NOTE [ Sparse tensors ])."""
+    layout = t.layout
+    try:
+        if layout is torch.sparse_coo:
+            return (t._indices(), t._values())
+        if layout in (torch.sparse_csr, torch.sparse_bsr):
+            return (t.crow_indices(), t.col_indices(), t.values())
+        if layout in (torch.sparse_csc, torch.sparse_bsc):
+            return (t.ccol_indices(), t.row_indices(), t.values())
+    except (RuntimeError, NotImplementedError):
+        pass
+    return ()
 
 
 def _compiled_module_name(module: torch.nn.Module) -> str | None:
@@ -261,13 +287,11 @@ class OpStream(TorchDispatchMode):
             n = 0
             for o in out:
                 if isinstance(o, _Tensor):
-                    self._output(index, n, o, outputs, ids)
-                    n += 1
+                    n = self._output(index, n, o, outputs, ids)
                 elif isinstance(o, (list, tuple)):
                     for p in o:
                         if isinstance(p, _Tensor):
-                            self._output(index, n, p, outputs, ids)
-                            n += 1
+                            n = self._output(index, n, p, outputs, ids)
         self.after_op(index, info, inputs, outputs)
         return out
 
@@ -278,7 +302,9 @@ class OpStream(TorchDispatchMode):
             t = _local(t)
         try:
             s = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
+        except (RuntimeError, NotImplementedError):  # sparse: NOTE [ Sparse tensors ]
+            for part in parts(t):
+                pos = OpStream._input(index, pos, part, write, inputs, ids)
             return pos + 1
         tid = ids.get(s)
         if tid is None:
@@ -289,13 +315,16 @@ class OpStream(TorchDispatchMode):
 
     @staticmethod
     def _output(index: int, pos: int, t: _Tensor,
-                outputs: list[tuple[int, _Tensor, bool]], ids: StorageIds) -> None:
+                outputs: list[tuple[int, _Tensor, bool]], ids: StorageIds) -> int:
+        """Records output ``t`` at position ``pos``; returns the next output's position."""
         if type(t) not in _PLAIN:
             t = _local(t)
         try:
             s = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
+        except (RuntimeError, NotImplementedError):  # sparse: NOTE [ Sparse tensors ]
+            for part in parts(t):
+                pos = OpStream._output(index, pos, part, outputs, ids)
+            return pos + 1
         tid = ids.get(s)
         if tid is None:
             tid = produced_id(index, pos)
@@ -303,6 +332,7 @@ class OpStream(TorchDispatchMode):
             outputs.append((tid, t, True))
         else:
             outputs.append((tid, t, False))
+        return pos + 1
 
     def phase(self) -> str:
         if self._in_optimizer:

@@ -99,12 +99,15 @@ def through_teraio(script: Path, args: list[str], tmp: Path, share: str = "50%",
 
 
 def flat(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested state dict as {dotted name: value}."""
-    if isinstance(obj, dict):
+    """A nested state dict (dicts, lists, tuples) as {dotted name: value}; a sparse tensor as
+    its dense form."""
+    if isinstance(obj, (dict, list, tuple)):
         out: dict[str, Any] = {}
-        for k, v in obj.items():
+        for k, v in obj.items() if isinstance(obj, dict) else enumerate(obj):
             out.update(flat(v, f"{prefix}{k}."))
         return out
+    if isinstance(obj, torch.Tensor) and obj.layout is not torch.strided:
+        obj = obj.to_dense()
     return {prefix.rstrip("."): obj}
 
 

@@ -35,6 +35,7 @@ PATTERNS = {
     "sgd-momentum-keeps-grads": ("sgd_momentum.py", []),
     "batchnorm-convnet": ("batchnorm_convnet.py", []),
     "two-optimizers": ("two_optimizers.py", []),
+    "sparse-tensors": ("sparse_tensors.py", []),
 }
 
 
