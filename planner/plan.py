@@ -222,6 +222,13 @@ class Plan:
         return None if value is None else str(value)
 
     @property
+    def profiled_from(self) -> int:
+        """The first iteration its profile recorded (``parameters.warmup``; 1 where the plan does
+        not say): the run's iterations before it may differ from the plan's."""
+        value = self.parameters.get("warmup")
+        return 1 if value is None else int(value)
+
+    @property
     def host_mem_bytes(self) -> int | None:
         value = self.parameters.get("host_mem_bytes")
         return None if value is None else int(value)

@@ -43,6 +43,8 @@ __all__ = ["PlanExecutor", "Residency", "RunStats", "signals_held"]
 
 # Steady iterations that may leave the plan before one follows it to its end, before the
 # plan is refused as made for another profile (NOTE [ Boundaries ] in runtime.boundary).
+# Iterations before the first one the profile recorded (`teraio profile --warmup`) do not
+# count: a script whose first steps differ (a layer unfrozen at step 3) is profiled past them.
 _REFUSE_AFTER = 2
 # A transfer that takes longer than this (plus 1 s per 10 MB) ends the run with an error:
 # no wait can last for ever.
@@ -743,7 +745,8 @@ class PlanExecutor(OpStream):
 
     def _unfollowed(self, where: str) -> None:
         self.unfollowed.append({"iteration": self.iteration, "left_at": where})
-        if self.matched_iterations == 0 and len(self.unfollowed) >= _REFUSE_AFTER:
+        counted = sum(u["iteration"] >= self.plan.profiled_from for u in self.unfollowed)
+        if self.matched_iterations == 0 and counted >= _REFUSE_AFTER:
             raise PlanMismatchError(
                 f"the plan was made for another profile: no iteration follows it ({where}). Profile "
                 "this script with these arguments (`teraio profile`) and plan again")

@@ -415,7 +415,8 @@ def plan(
             comparison = compare_policies(prof, problem, hw, rank_plans[rank], rank)
     first_plan = plan_first(prof, hw)
     job = job_keys(prof, rank_plans) if len(rank_plans) > 1 else None
-    made_for = {"profile": str(prof.path), "device_type": prof.meta.get("device_type")}
+    made_for = {"profile": str(prof.path), "device_type": prof.meta.get("device_type"),
+                "warmup": prof.meta.get("warmup")}
     doc = build_plan(rank_plans, hw, prof.signature, comparison=comparison,
                      extra_parameters=made_for, first=first_plan, job=job,
                      world_size=int(prof.meta.get("world_size") or len(prof.ranks)),

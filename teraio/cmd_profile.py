@@ -42,7 +42,9 @@ def profile(
                     "identical).", show_default=False)] = None,
     warmup: Annotated[
         int, typer.Option(min=1, help="Iterations to run first and not record (iteration 0 "
-                                      "creates optimizer state).")
+                                      "creates optimizer state). Raise it past steps unlike the "
+                                      "rest (a layer unfrozen at step 3): `teraio run` runs those "
+                                      "on demand and follows the plan from there.")
     ] = 1,
     force: Annotated[bool, typer.Option(help="Overwrite an existing output directory.")] = False,
     fake: Annotated[bool, typer.Option(

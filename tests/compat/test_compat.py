@@ -101,6 +101,19 @@ def test_evaluation_and_checkpoint_between_steps(when: str, tmp_path: Path) -> N
         assert f"iteration {step + 1} is not in the profile" in teraio.profile_stderr
 
 
+def test_first_steps_unlike_the_rest_are_profiled_past(tmp_path: Path) -> None:
+    """A layer unfrozen at step 3: profiled from iteration 4 (``--warmup 4``), the run's
+    iterations 1-3 run on demand and the later ones follow the plan; the plan is not refused as
+    made for another profile."""
+    plain, teraio = compare(SCRIPTS / "unfreeze_late.py", [], tmp_path, profile_opts=("--warmup", "4"))
+    assert_identical(plain, teraio)
+    assert teraio.report is not None and teraio.plan is not None
+    assert teraio.plan["parameters"]["warmup"] == 4
+    assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [1, 2, 3]
+    assert teraio.report["iteration_followed"][4:] == [True] * 4
+    assert_within_budget(teraio)
+
+
 def test_a_compiled_model_runs_eagerly_and_says_so(tmp_path: Path) -> None:
     """Under teraio a torch.compile'd model runs eagerly: the same results as the eager model,
     bit for bit, and one warning that says so (in the run report too)."""
