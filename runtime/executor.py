@@ -228,7 +228,7 @@ class PlanExecutor(OpStream):
                 sizes[tid] = n
                 stats.tracked_bytes += n
         for tid, t, _ in inputs:
-            if tid not in sizes:  # made outside any op, or before teraio started
+            if tid not in sizes and self.holds(tid, t):  # made outside any op, or before teraio started
                 n = t.untyped_storage().nbytes()
                 sizes[tid] = n
                 stats.tracked_bytes += n

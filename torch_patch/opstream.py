@@ -180,7 +180,7 @@ class OpStream(TorchDispatchMode):
         self.persistent: dict[int, tuple[str, str]] = {}  # tensor id -> (name, kind)
         self.labels: dict[int, tuple[str, str]] = {}  # made this iteration -> (name, kind)
         self._infos: dict[Any, OpInfo] = {}
-        self._roots: list[torch.nn.Module] = []
+        self._roots: list[weakref.ref[torch.nn.Module]] = []  # NOTE [ Roots ]
         self._module_names: dict[int, str] = {}
         self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self._stepped: set[int] = set()
@@ -334,6 +334,12 @@ class OpStream(TorchDispatchMode):
             outputs.append((tid, t, False))
         return pos + 1
 
+    def holds(self, tensor_id: int, t: _Tensor) -> bool:
+        """Whether input ``t`` still has the storage named ``tensor_id``, after its op: ``set_``
+        gives a tensor another storage (``torch.load`` rebuilds every tensor so), and the size
+        of its old one, gone, is not the new one's."""
+        return self.ids.get(t.untyped_storage()) == tensor_id
+
     def phase(self) -> str:
         if self._in_optimizer:
             return "optimizer"
@@ -352,7 +358,7 @@ class OpStream(TorchDispatchMode):
         self._boundary()
 
     def _boundary(self) -> None:
-        named, _ = persistent_names(self._roots, self.optimizers())
+        named, _ = persistent_names(self.roots(), self.optimizers())
         # Storages made in this iteration that are about to get persistent names
         # (gradients with zero_grad(set_to_none=True)): their kind, for end_iteration.
         self.labels = {}
@@ -362,12 +368,26 @@ class OpStream(TorchDispatchMode):
                 self.labels[old] = (pn.name, pn.kind)
         self.end_iteration()
         new_ids: dict[int, int] = {}
+        # NOTE [ Names let go ]: a storage named at the last boundary that no name holds now (a
+        # model rebuilt to resume from a checkpoint, whose old weights the last loss's graph
+        # still holds; a layer replaced) becomes long-lived (profiles.ids) before the numbers
+        # are given again. Kept, it would share its number with the storage now given it, and
+        # its free would drop that storage's entries (its size, and in `teraio run` the record
+        # and the copy of its offloaded bytes).
+        keys = {id(pn.storage) for pn in named}
+        for tid, storage in self.ids.live().items():
+            if tid < PRODUCED_BASE and id(storage) not in keys:
+                new_ids[tid] = long_id(self._num_long)
+                self._num_long += 1
+                self.ids.assign(storage, new_ids[tid])
         for number, pn in enumerate(named):
             old = self.ids.get(pn.storage)
             if old is not None and old != number:
                 new_ids[old] = number
             self.ids.assign(pn.storage, number)
             self.persistent[number] = (pn.name, pn.kind)
+        for number in [n for n in self.persistent if n >= len(named)]:
+            del self.persistent[number]
         for tid, storage in self.ids.live().items():  # transient storages alive (profiles.ids)
             if tid < PRODUCED_BASE or LONG_BASE <= tid < CARRIED_FLAG:
                 continue  # persistent, or long-lived already
@@ -411,14 +431,36 @@ class OpStream(TorchDispatchMode):
         if name is not None:
             return name
         if not self.module_stack:  # a new root model
-            self._roots.append(module)
-            prefix = f"root{len(self._roots) - 1}." if len(self._roots) > 1 else ""
+            roots = self.roots()
+            self._roots.append(weakref.ref(module))
+            prefix = f"root{len(roots)}." if roots else ""
+            named = []
             for sub, m in module.named_modules():
-                self._module_names.setdefault(id(m), (prefix + sub).rstrip("."))
+                if id(m) not in self._module_names:
+                    self._module_names[id(m)] = (prefix + sub).rstrip(".")
+                    named.append(id(m))
+            weakref.finalize(module, self._module_names_gone, named)
             return self._module_names[id(module)]
         name = f"{self.module_stack[-1]}.{type(module).__name__}".lstrip(".")
         self._module_names[id(module)] = name
         return name
+
+    # NOTE [ Roots ]: every module called outside any other is a root, whose parameters and
+    # buffers get persistent names (``persistent_names``). teraio holds its roots weakly: a
+    # model the script drops (rebuilt to resume from a checkpoint, a copy made for an
+    # evaluation) is freed as without teraio, where a list of them kept every one alive for the
+    # rest of the run. Its modules' names go with it (their ids may be reused), and the roots
+    # left are numbered again at the next boundary.
+    def roots(self) -> list[torch.nn.Module]:
+        """The root modules called so far that are still alive, in the order first called."""
+        live = [m for r in self._roots if (m := r()) is not None]
+        if len(live) < len(self._roots):
+            self._roots = [r for r in self._roots if r() is not None]
+        return live
+
+    def _module_names_gone(self, ids: list[int]) -> None:
+        for i in ids:
+            self._module_names.pop(i, None)
 
     def _fwd_pre(self, module: torch.nn.Module, _args: Any) -> None:
         compiled = _compiled_module_name(module)

@@ -331,7 +331,7 @@ class Tracer(OpStream):
                 if new:
                     self._note(tid, t)
             for tid, t, _ in inputs:
-                if tid not in self.sizes:
+                if tid not in self.sizes and self.holds(tid, t):
                     self._note(tid, t)
             return
         phase = self.phase()
@@ -340,11 +340,11 @@ class Tracer(OpStream):
         rec.modules.append(self.module())
         acc_op, acc_tid, acc_kind = rec.acc_op, rec.acc_tid, rec.acc_kind
         for tid, t, write in inputs:
-            if tid not in rec.alloc and tid not in rec.carried:  # made outside any op
+            if tid not in rec.alloc and tid not in rec.carried and self.holds(tid, t):  # made outside any op
                 self._note(tid, t)
                 rec.alloc[tid] = index
                 self.alloc_phase[tid] = phase
-            elif tid not in self.dtypes:
+            elif tid not in self.dtypes and self.holds(tid, t):
                 self._note(tid, t)
             acc_op.append(index)
             acc_tid.append(tid)
@@ -416,7 +416,7 @@ class Tracer(OpStream):
     def _fingerprints(self) -> None:
         """Compare every named storage with its fingerprint at the boundary before, and take new
         ones (NOTE [ Writes teraio cannot see ])."""
-        named, _ = persistent_names(self._roots, self.optimizers())
+        named, _ = persistent_names(self.roots(), self.optimizers())
         named = [pn for pn in named if pn.storage.device.type in ("cpu", "cuda") and pn.storage.nbytes()]
         with _disable_current_modes(), torch.no_grad():  # not ops of the script's
             # (meta storages of fake mode and FSDP2's freed unsharded ones left out)

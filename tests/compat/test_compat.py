@@ -114,6 +114,18 @@ def test_first_steps_unlike_the_rest_are_profiled_past(tmp_path: Path) -> None:
     assert_within_budget(teraio)
 
 
+def test_a_layer_replaced_while_the_old_one_lives_on(tmp_path: Path) -> None:
+    """The old layer's storages, named at the boundary before, are no longer named after step 3
+    but live on until step 5 (NOTE [ Names let go ]): bit-identical, and once the old layer is
+    freed every iteration is within the budget again (before, its number, shared with a new
+    storage, left the new one's bytes counted twice for the rest of the run)."""
+    plain, teraio = compare(SCRIPTS / "replace_layer.py", [], tmp_path)
+    assert_identical(plain, teraio)
+    assert teraio.report is not None and teraio.budget is not None
+    assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [3]
+    assert max(teraio.report["iteration_peak_bytes"][5:]) <= teraio.budget * 1.05
+
+
 def test_a_compiled_model_runs_eagerly_and_says_so(tmp_path: Path) -> None:
     """Under teraio a torch.compile'd model runs eagerly: the same results as the eager model,
     bit for bit, and one warning that says so (in the run report too)."""

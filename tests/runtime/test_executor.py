@@ -11,10 +11,12 @@ to end in test_run_cli.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -357,6 +359,34 @@ def test_a_checkpoint_saved_mid_iteration_holds_the_offloaded_bytes(plan: Plan, 
         assert same(train(5, save_at=save_at(teraio / "ckpt.pt")), expected)
     assert ex.stats.save_fetches > 0
     assert (plain / "ckpt.pt").read_bytes() == (teraio / "ckpt.pt").read_bytes()
+
+
+def test_a_loaded_checkpoint_counts_the_bytes_it_holds(plan: Plan, tmp_path: Path) -> None:
+    """torch.load rebuilds each tensor as an empty one given the file's storage (``set_``): the
+    empty storage's id is not counted at the loaded one's size (before, the tracked bytes held
+    every loaded tensor twice, for the rest of the run)."""
+    model, opt, _ = mlp_and_data()
+    model(torch.randn(2, 32)).sum().backward()
+    opt.step()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "ckpt.pt")
+    with offload(plan_of([], plan.op_names[0])) as ex:
+        loaded = torch.load(tmp_path / "ckpt.pt")
+        live = ex.ids.live().values()
+        assert ex.stats.tracked_bytes == sum(s.nbytes() for s in live) > 0
+        del loaded
+
+
+def test_a_model_the_script_drops_is_freed(plan: Plan) -> None:
+    """A model rebuilt (to resume from a checkpoint, say) or a copy made for an evaluation is
+    freed when the script lets go of it, as without teraio (NOTE [ Roots ])."""
+    with offload(plan_of([], plan.op_names[0])) as ex:
+        model, opt, _ = mlp_and_data()
+        model(torch.randn(2, 32)).sum().backward()
+        opt.step()
+        dropped = weakref.ref(model)
+        del model, opt
+        gc.collect()
+        assert dropped() is None and ex.roots() == []
 
 
 def test_plan_for_another_model_is_refused(plan: Plan) -> None:
