@@ -218,6 +218,12 @@ class PlanExecutor(OpStream):
                     self._drop_copy(tid, written_over=True)
         return func(*args, **kwargs)
 
+    def on_export(self, storage: torch.UntypedStorage) -> None:
+        tid = self.ids.get(storage)
+        entry = self.moved.get(tid) if tid is not None else None
+        if tid is not None and entry is not None:
+            self._make_resident(tid, entry)
+
     def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         stats = self.stats

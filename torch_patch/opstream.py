@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.utils.data.dataloader as _dataloader
+import torch.utils.dlpack
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
@@ -225,6 +226,9 @@ class OpStream(TorchDispatchMode):
 
     def on_foreign_resize(self, storage: torch.UntypedStorage) -> None:
         """Someone else resized ``storage`` in place (NOTE [ Storages others resize ])."""
+
+    def on_export(self, storage: torch.UntypedStorage) -> None:
+        """``storage``'s memory is handed to another library (NOTE [ DLPack exports ])."""
 
     def on_compiled(self, what: str) -> None:
         """``torch.compile`` was called on ``what``, or a compiled module ran (NOTE [ Compiled
@@ -490,6 +494,10 @@ class OpStream(TorchDispatchMode):
             self._patch(_dataloader.DataLoader, "__iter__", self._uncounted)
             self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._uncounted)
             self._patch(torch, "compile", self._compile)
+            self._patch(torch.Tensor, "__dlpack__", self._exporting)  # NOTE [ DLPack exports ]
+            for owner in (torch.utils.dlpack, torch):
+                if hasattr(owner, "to_dlpack"):
+                    self._patch(owner, "to_dlpack", self._exporting)
             self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
@@ -525,9 +533,10 @@ class OpStream(TorchDispatchMode):
 
         return uncounted
 
-    # NOTE [ Storages others resize ]: FSDP2 frees and refills each parameter's unsharded
-    # storage with ``untyped_storage().resize_``, the very call teraio frees with, between
-    # ops (docs/distributed-notes.md). Such a storage is someone else's to manage: every
+    # NOTE [ Storages others resize ] (and those exported: NOTE [ DLPack exports ]): FSDP2
+    # frees and refills each parameter's unsharded storage with ``untyped_storage().resize_``,
+    # the very call teraio frees with, between ops (docs/distributed-notes.md). Such a
+    # storage is someone else's to manage: every
     # Python-level resize_ of a storage is noted (``foreign_resized``), and a noted storage
     # is never planned (the profile marks it not resizable) nor freed by the runtime, which
     # resizes through ``runtime.storage`` with the unpatched method. Freed in place (resized
@@ -546,6 +555,26 @@ class OpStream(TorchDispatchMode):
             return out
 
         return resize_
+
+    # NOTE [ DLPack exports ]: ``np.from_dlpack(t)`` and ``torch.from_dlpack(t)`` give another
+    # library (or another tensor, with a storage object of its own) the memory of ``t``'s
+    # storage, through ``t.__dlpack__`` or ``to_dlpack``; teraio cannot see what reads or
+    # writes it there, and freeing the storage in place would leave the alias on freed
+    # memory (wrong numbers with no error, seen). So an exported storage is one others
+    # manage, as one they resize: never planned, never freed, and brought back first if it
+    # is out (``on_export``). A copy (``copy=True``) exports nothing of it.
+    def _exporting(self, export: Any) -> Any:
+        stream = self
+
+        def exporting(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("copy") is not True and tensor.layout is torch.strided:
+                storage = _local(tensor).untyped_storage()
+                stream.foreign_resized.add(storage)
+                stream.on_foreign_resize(storage)
+                stream.on_export(storage)
+            return export(tensor, *args, **kwargs)
+
+        return exporting
 
     def _registering(self, init: Any) -> Any:
         stream = self

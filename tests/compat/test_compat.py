@@ -36,6 +36,8 @@ PATTERNS = {
     "batchnorm-convnet": ("batchnorm_convnet.py", []),
     "two-optimizers": ("two_optimizers.py", []),
     "sparse-tensors": ("sparse_tensors.py", []),
+    "dlpack-numpy-aliases": ("dlpack_aliases.py", ["--via", "numpy"]),
+    "dlpack-torch-aliases": ("dlpack_aliases.py", ["--via", "torch"]),
 }
 
 
