@@ -232,6 +232,14 @@ def profile(
         if irregular is not None:
             fail(f"{script} ended after {seen} iterations and {irregular}; no profile written",
                  EXIT_BAD_INPUT)
+        idle = tracer.not_stepped()
+        if seen == 0 and len(idle) < len(tracer.optimizers()):
+            names = ", ".join(f"{type(o).__name__} over {sum(len(g['params']) for g in o.param_groups)} "
+                              "parameters" for o in idle)
+            fail(f"no iteration boundary seen: an iteration ends when every torch.optim optimizer "
+                 f"the script built has stepped, and {len(idle)} never did ({names}); call "
+                 "teraio.mark_iteration() at the end of each training step, or build that optimizer "
+                 "where it starts stepping", EXIT_BAD_INPUT)
         if seen == 0:
             fail(f"no iteration boundary seen: {script} ended without stepping a torch.optim "
                  "optimizer; call teraio.mark_iteration() at the end of each training step",

@@ -413,6 +413,11 @@ class OpStream(TorchDispatchMode):
         alive = [o for o in (r() for r in self._optimizers) if o is not None]
         return alive
 
+    def not_stepped(self) -> list[torch.optim.Optimizer]:
+        """The optimizers alive that have not stepped since the last boundary: an iteration ends
+        when none is left."""
+        return [o for o in self.optimizers() if id(o) not in self._stepped]
+
     def _register_optimizer(self, opt: torch.optim.Optimizer) -> None:
         if all(r() is not opt for r in self._optimizers):
             self._optimizers.append(weakref.ref(opt))
