@@ -269,7 +269,13 @@ def profile(
     not_resizable = int((~prof.tensors["resizable"]).sum())
     if not_resizable:
         info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory or DLPack "
-             "memory): they stay in memory")
+             "memory, memory handed out through DLPack, or written where teraio cannot see): they "
+             "stay in memory")
+    if tracer.written_unseen_unnamed:  # NOTE [ Writes teraio cannot see ] in torch_patch/tracer.py
+        info(f"{len(tracer.written_unseen_unnamed)} tensors that no model or optimizer names (a batch "
+             "buffer filled again each step, say) changed between steps with no op that teraio saw "
+             "writing them (an op on another thread, or an extension's kernel): they stay in memory, "
+             "as freeing one while that code writes it would crash the process")
     unseen = sorted(tracer.written_unseen)
     if unseen:  # NOTE [ Writes teraio cannot see ] in torch_patch/tracer.py
         info(f"{len(unseen)} named tensors ({', '.join(unseen[:4])}{', ...' if len(unseen) > 4 else ''}) "

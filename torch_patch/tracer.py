@@ -197,6 +197,15 @@ def _fingerprint(storage: torch.UntypedStorage) -> torch.Tensor:
     return data[:n].view(torch.int64).sum() + data[n:].sum(dtype=torch.int64)
 
 
+def _kept_in_memory(tensors: pd.DataFrame, ids: set[int]) -> pd.DataFrame:
+    """``tensors`` with the storages of ``ids`` marked not resizable (never moved): written where
+    teraio cannot see, found at a boundary after their iteration's table was made (NOTE [ Writes
+    teraio cannot see ])."""
+    if not ids:
+        return tensors
+    return tensors.assign(resizable=tensors["resizable"] & ~tensors["tensor_id"].isin(list(ids)))
+
+
 class Tracer(OpStream):
     def __init__(
         self,
@@ -239,7 +248,11 @@ class Tracer(OpStream):
         self._now = time.perf_counter_ns
         # NOTE [ Writes teraio cannot see ]: the named storages' fingerprints at the last
         # boundary, the storages ops wrote since, and the names written unseen
-        self._prints: dict[str, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
+        # name (or, unnamed, the storage's id()) -> (the storage, its fingerprint at the last
+        # boundary, the tensor ids it has had at the boundaries)
+        self._prints: dict[str | int, tuple[weakref.ref[torch.UntypedStorage], int, frozenset[int]]] = {}
+        self.written_unseen_unnamed: set[int] = set()  # their id() (NOTE [ Writes teraio cannot see ])
+        self._unseen_ids: set[int] = set()  # every tensor id they have had
         self._written: set[int] = set()
         self.written_unseen: set[str] = set()
 
@@ -412,29 +425,44 @@ class Tracer(OpStream):
     # Not seen: a write that leaves the sum unchanged; an unseen write in an iteration where an op
     # also wrote the storage; a read alone; a write to a storage made in the same iteration
     # (gradients under ``zero_grad(set_to_none=True)``, which an extension that clips or unscales
-    # them writes so); a storage no module or optimizer names.
+    # them writes so).
+    # Storages no module or optimizer names (a batch buffer a background thread fills again each
+    # step) get the same check: one alive through an iteration that changed in it unseen is kept
+    # in memory, marked not resizable (``written_unseen_unnamed`` counts them), as freeing it
+    # while that code writes it would crash the process; the named ones stay movable then.
     def _fingerprints(self) -> None:
-        """Compare every named storage with its fingerprint at the boundary before, and take new
-        ones (NOTE [ Writes teraio cannot see ])."""
+        """Compare every storage alive at this boundary with its fingerprint at the boundary
+        before, and take new ones (NOTE [ Writes teraio cannot see ])."""
         named, _ = persistent_names(self.roots(), self.optimizers())
-        named = [pn for pn in named if pn.storage.device.type in ("cpu", "cuda") and pn.storage.nbytes()]
+        keyed: list[tuple[str | int, torch.UntypedStorage]] = [(pn.name, pn.storage) for pn in named]
+        seen = {id(s) for _, s in keyed}
+        keyed += [(id(s), s) for s in self.ids.live().values() if id(s) not in seen]
+        # (meta storages of fake mode and FSDP2's freed unsharded ones left out)
+        keyed = [(k, s) for k, s in keyed if s.device.type in ("cpu", "cuda") and s.nbytes()]
         with _disable_current_modes(), torch.no_grad():  # not ops of the script's
-            # (meta storages of fake mode and FSDP2's freed unsharded ones left out)
-            sums = [_fingerprint(pn.storage) for pn in named]
+            sums = [_fingerprint(s) for _, s in keyed]
             values = [0] * len(sums)
             for device in {v.device for v in sums}:  # one copy to the host per device
                 at = [i for i, v in enumerate(sums) if v.device == device]
                 for i, v in zip(at, torch.stack([sums[i] for i in at]).tolist(), strict=True):
                     values[i] = int(v)
-        prints: dict[str, tuple[weakref.ref[torch.UntypedStorage], int]] = {}
-        for pn, value in zip(named, values, strict=True):
-            prints[pn.name] = (weakref.ref(pn.storage), value)
-            before = self._prints.get(pn.name)
-            if before is None or before[0]() is not pn.storage or before[1] == value:
+        prints: dict[str | int, tuple[weakref.ref[torch.UntypedStorage], int, frozenset[int]]] = {}
+        for (key, storage), value in zip(keyed, values, strict=True):
+            before = self._prints.get(key)
+            if before is not None and before[0]() is not storage:
+                before = None
+            tid = self.ids.get(storage)
+            ids = (before[2] if before is not None else frozenset()) | ({tid} if tid is not None else set())
+            prints[key] = (weakref.ref(storage), value, ids if isinstance(key, int) else frozenset())
+            if before is None or before[1] == value or (tid is not None and tid in self._written):
                 continue
-            tid = self.ids.get(pn.storage)
-            if tid is None or tid not in self._written:
-                self.written_unseen.add(pn.name)
+            if isinstance(key, str):
+                self.written_unseen.add(key)
+            else:
+                self.written_unseen_unnamed.add(key)
+                self._unseen_ids |= ids
+        for tid in self._unseen_ids:
+            self.resizable[tid] = False
         self._prints = prints
         self._written = set()
 
@@ -645,7 +673,7 @@ class Tracer(OpStream):
         if not self.done:
             raise RuntimeError("no iteration recorded")
         kernels = pd.concat([d[0] for d in self.done], ignore_index=True)
-        tensors = self.done[0][1]
+        tensors = _kept_in_memory(self.done[0][1], self._unseen_ids)
         accesses = pd.concat([d[2] for d in self.done], ignore_index=True)
         k0 = self.done[0][0]
         sizes = dict(zip(tensors["tensor_id"], tensors["size_bytes"], strict=True))
@@ -672,6 +700,7 @@ class Tracer(OpStream):
         first = None
         if self.first is not None:
             k, t, a = self.first
+            t = _kept_in_memory(t, self._unseen_ids)
             signature = signature_of(k["op_name"].tolist(), dict(zip(t["tensor_id"], t["size_bytes"], strict=True)))
             carried = {str(new): old for new, old in sorted(self.first_carried.items())}
             first = Profile(meta={

@@ -38,6 +38,8 @@ PATTERNS = {
     "sparse-tensors": ("sparse_tensors.py", []),
     "dlpack-numpy-aliases": ("dlpack_aliases.py", ["--via", "numpy"]),
     "dlpack-torch-aliases": ("dlpack_aliases.py", ["--via", "torch"]),
+    "thread-fills-one-buffer": ("thread_prefetch.py", ["--buffers", "1"]),
+    "thread-fills-two-buffers": ("thread_prefetch.py", ["--buffers", "2"]),
 }
 
 
