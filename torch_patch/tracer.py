@@ -543,9 +543,10 @@ class Tracer(OpStream):
         counted = ", ".join(f"{len(g)} like iteration {g[0][0]}" for g in groups)
         if sizes_only:
             advice = ("tensor sizes change from step to step (dynamic padding or variable-length "
-                      "batches?): pad or bucket the batches to one fixed shape (e.g. padding="
-                      "'max_length' with a tokenizer) and profile again; planning for several "
-                      "shapes is not supported yet")
+                      "batches? sparse gradients, whose rows are the distinct ids of each batch?): "
+                      "pad or bucket the batches to one fixed shape (e.g. padding='max_length' "
+                      "with a tokenizer), or use dense gradients, and profile again; planning for "
+                      "several shapes is not supported yet")
         else:
             advice = ("the ops differ between steps (an evaluation, logging or a checkpoint every "
                       "few steps?): profile a stretch of steps that are alike (raise --warmup past "
