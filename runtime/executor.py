@@ -234,8 +234,8 @@ class PlanExecutor(OpStream):
                 sizes[tid] = n
                 stats.tracked_bytes += n
         for tid, t, _ in inputs:
-            if tid not in sizes and self.holds(tid, t):  # made outside any op, or before teraio started
-                n = t.untyped_storage().nbytes()
+            if tid not in sizes and (s := self.input_storage(tid, t)) is not None:  # made outside any op
+                n = s.nbytes()
                 sizes[tid] = n
                 stats.tracked_bytes += n
         if stats.tracked_bytes > stats.peak_tracked_bytes:

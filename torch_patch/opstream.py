@@ -338,11 +338,12 @@ class OpStream(TorchDispatchMode):
             outputs.append((tid, t, False))
         return pos + 1
 
-    def holds(self, tensor_id: int, t: _Tensor) -> bool:
-        """Whether input ``t`` still has the storage named ``tensor_id``, after its op: ``set_``
-        gives a tensor another storage (``torch.load`` rebuilds every tensor so), and the size
-        of its old one, gone, is not the new one's."""
-        return self.ids.get(t.untyped_storage()) == tensor_id
+    def input_storage(self, tensor_id: int, t: _Tensor) -> torch.UntypedStorage | None:
+        """After its op, the storage of input ``t`` that ``tensor_id`` names: ``t``'s, unless the
+        op gave ``t`` another (``set_``, with which ``torch.load`` rebuilds every tensor), then the
+        one it had if still alive; its size is not the new one's."""
+        s = t.untyped_storage()
+        return s if self.ids.get(s) == tensor_id else self.ids.storage(tensor_id)
 
     def phase(self) -> str:
         if self._in_optimizer:

@@ -342,10 +342,10 @@ class Tracer(OpStream):
         if rec is None:
             for tid, t, new in outputs:  # keep sizes of storages that outlive the warm-up
                 if new:
-                    self._note(tid, t)
+                    self._note(tid, t, t.untyped_storage())
             for tid, t, _ in inputs:
-                if tid not in self.sizes and self.holds(tid, t):
-                    self._note(tid, t)
+                if tid not in self.sizes:
+                    self._note(tid, t, self.input_storage(tid, t))
             return
         phase = self.phase()
         rec.op_names.append(info.name)
@@ -353,29 +353,30 @@ class Tracer(OpStream):
         rec.modules.append(self.module())
         acc_op, acc_tid, acc_kind = rec.acc_op, rec.acc_tid, rec.acc_kind
         for tid, t, write in inputs:
-            if tid not in rec.alloc and tid not in rec.carried and self.holds(tid, t):  # made outside any op
-                self._note(tid, t)
+            if tid not in rec.alloc and tid not in rec.carried:  # made outside any op
+                self._note(tid, t, self.input_storage(tid, t))
                 rec.alloc[tid] = index
                 self.alloc_phase[tid] = phase
-            elif tid not in self.dtypes and self.holds(tid, t):
-                self._note(tid, t)
+            elif tid not in self.dtypes:
+                self._note(tid, t, self.input_storage(tid, t))
             acc_op.append(index)
             acc_tid.append(tid)
             acc_kind.append(_WRITE if write else _READ)
         for tid, t, new in outputs:
             if new:
-                self._note(tid, t)
+                self._note(tid, t, t.untyped_storage())
                 rec.alloc[tid] = index
                 self.alloc_phase[tid] = phase
                 acc_op.append(index)
                 acc_tid.append(tid)
                 acc_kind.append(_WRITE)
 
-    def _note(self, tid: int, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        self.sizes[tid] = storage.nbytes()
+    def _note(self, tid: int, t: torch.Tensor, storage: torch.UntypedStorage | None) -> None:
+        """Size, dtype and resizability of ``tid``, whose storage is ``storage`` (None: an input's
+        storage gone during its op, ``input_storage``, counted as empty)."""
+        self.sizes[tid] = storage.nbytes() if storage is not None else 0
         self.dtypes[tid] = str(t.dtype).removeprefix("torch.")
-        self.resizable[tid] = storage.resizable() and storage not in self.foreign_resized
+        self.resizable[tid] = storage is not None and storage.resizable() and storage not in self.foreign_resized
 
     def on_foreign_resize(self, storage: torch.UntypedStorage) -> None:
         tid = self.ids.get(storage)
