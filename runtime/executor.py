@@ -29,6 +29,7 @@ from enum import Enum
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.plan import Migration, Plan
 from runtime.backends import Backend, BackendFull
@@ -218,7 +219,7 @@ class PlanExecutor(OpStream):
                     self._drop_copy(tid, written_over=True)
         return func(*args, **kwargs)
 
-    def on_export(self, storage: torch.UntypedStorage) -> None:
+    def bring_back(self, storage: torch.UntypedStorage) -> None:
         tid = self.ids.get(storage)
         entry = self.moved.get(tid) if tid is not None else None
         if tid is not None and entry is not None:
@@ -651,13 +652,11 @@ class PlanExecutor(OpStream):
     def resident_for(self, obj: Any) -> Iterator[None]:
         """The offloaded storages of ``obj``'s tensors back for the body (a ``torch.save``,
         which reads storages outside any op); then freed again, their copies kept."""
-        self.uncounted += 1  # the walk's own ops (a sparse tensor's parts) are not the script's
         try:
-            storages = self._storages_in(obj)
+            with _disable_current_modes():  # the walk's own ops (a sparse tensor's parts) are not the script's
+                storages = self._storages_in(obj)
         except Exception:  # noqa: BLE001 - an object pickle cannot walk: bring everything back
             storages = [e.storage() for e in self.moved.values()]
-        finally:
-            self.uncounted -= 1
         refree: list[tuple[int, _Entry]] = []
         for storage in storages:
             if storage is None:

@@ -232,12 +232,10 @@ def profile(
         if irregular is not None:
             fail(f"{script} ended after {seen} iterations and {irregular}; no profile written",
                  EXIT_BAD_INPUT)
-        idle = tracer.not_stepped()
-        if seen == 0 and len(idle) < len(tracer.optimizers()):
-            names = ", ".join(f"{type(o).__name__} over {sum(len(g['params']) for g in o.param_groups)} "
-                              "parameters" for o in idle)
+        idle, any_stepped = tracer.never_stepped()
+        if seen == 0 and any_stepped and idle:
             fail(f"no iteration boundary seen: an iteration ends when every torch.optim optimizer "
-                 f"the script built has stepped, and {len(idle)} never did ({names}); call "
+                 f"the script built has stepped, and {len(idle)} never did ({', '.join(idle)}); call "
                  "teraio.mark_iteration() at the end of each training step, or build that optimizer "
                  "where it starts stepping", EXIT_BAD_INPUT)
         if seen == 0:
@@ -271,8 +269,8 @@ def profile(
         info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory or DLPack "
              "memory, memory handed out through DLPack, or written where teraio cannot see): they "
              "stay in memory")
-    if tracer.written_unseen_unnamed:  # NOTE [ Writes teraio cannot see ] in torch_patch/tracer.py
-        info(f"{len(tracer.written_unseen_unnamed)} tensors that no model or optimizer names (a batch "
+    if tracer.num_unseen_unnamed:  # NOTE [ Writes teraio cannot see ] in torch_patch/tracer.py
+        info(f"{tracer.num_unseen_unnamed} tensors that no model or optimizer names (a batch "
              "buffer filled again each step, say) changed between steps with no op that teraio saw "
              "writing them (an op on another thread, or an extension's kernel): they stay in memory, "
              "as freeing one while that code writes it would crash the process")

@@ -185,6 +185,8 @@ class OpStream(TorchDispatchMode):
         self._module_names: dict[int, str] = {}
         self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self._stepped: set[int] = set()
+        self._built: dict[int, str] = {}  # id(optimizer) -> what it is (``never_stepped``)
+        self._ever_stepped: set[int] = set()
         self._in_optimizer = 0
         self._explicit = False
         self._num_long = 0  # long-lived unnamed storages numbered so far (profiles.ids)
@@ -227,8 +229,9 @@ class OpStream(TorchDispatchMode):
     def on_foreign_resize(self, storage: torch.UntypedStorage) -> None:
         """Someone else resized ``storage`` in place (NOTE [ Storages others resize ])."""
 
-    def on_export(self, storage: torch.UntypedStorage) -> None:
-        """``storage``'s memory is handed to another library (NOTE [ DLPack exports ])."""
+    def bring_back(self, storage: torch.UntypedStorage) -> None:
+        """``storage``'s memory is about to be read or handed out outside any op (NOTE [ DLPack
+        exports ]): if it is out, bring it back."""
 
     def on_compiled(self, what: str) -> None:
         """``torch.compile`` was called on ``what``, or a compiled module ran (NOTE [ Compiled
@@ -414,14 +417,16 @@ class OpStream(TorchDispatchMode):
         alive = [o for o in (r() for r in self._optimizers) if o is not None]
         return alive
 
-    def not_stepped(self) -> list[torch.optim.Optimizer]:
-        """The optimizers alive that have not stepped since the last boundary: an iteration ends
-        when none is left."""
-        return [o for o in self.optimizers() if id(o) not in self._stepped]
+    def never_stepped(self) -> tuple[list[str], bool]:
+        """What the optimizers built and never stepped are (alive or not, as a script's locals
+        are gone when it ends), and whether any optimizer stepped."""
+        return [d for i, d in self._built.items() if i not in self._ever_stepped], bool(self._ever_stepped)
 
     def _register_optimizer(self, opt: torch.optim.Optimizer) -> None:
         if all(r() is not opt for r in self._optimizers):
             self._optimizers.append(weakref.ref(opt))
+            n = sum(len(g["params"]) for g in opt.param_groups)
+            self._built[id(opt)] = f"{type(opt).__name__} over {n} parameters"
 
     def _step_pre(self, opt: torch.optim.Optimizer, *_: Any) -> None:
         self._register_optimizer(opt)
@@ -432,6 +437,7 @@ class OpStream(TorchDispatchMode):
         if self._explicit:
             return
         self._stepped.add(id(opt))
+        self._ever_stepped.add(id(opt))
         if all(id(o) in self._stepped for o in self.optimizers()):
             self._boundary()
 
@@ -500,10 +506,12 @@ class OpStream(TorchDispatchMode):
             self._patch(_dataloader.DataLoader, "__iter__", self._uncounted)
             self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._uncounted)
             self._patch(torch, "compile", self._compile)
-            self._patch(torch.Tensor, "__dlpack__", self._exporting)  # NOTE [ DLPack exports ]
+            # NOTE [ DLPack exports ]
+            self._patch(torch.Tensor, "__dlpack__", self._exporting)
             for owner in (torch.utils.dlpack, torch):
                 if hasattr(owner, "to_dlpack"):
                     self._patch(owner, "to_dlpack", self._exporting)
+            self._patch(torch.Tensor, "tolist", self._reading)
             self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
@@ -564,23 +572,43 @@ class OpStream(TorchDispatchMode):
 
     # NOTE [ DLPack exports ]: ``np.from_dlpack(t)`` and ``torch.from_dlpack(t)`` give another
     # library (or another tensor, with a storage object of its own) the memory of ``t``'s
-    # storage, through ``t.__dlpack__`` or ``to_dlpack``; teraio cannot see what reads or
-    # writes it there, and freeing the storage in place would leave the alias on freed
-    # memory (wrong numbers with no error, seen). So an exported storage is one others
-    # manage, as one they resize: never planned, never freed, and brought back first if it
-    # is out (``on_export``). A copy (``copy=True``) exports nothing of it.
+    # storage, through ``t.__dlpack__`` or ``to_dlpack``; teraio cannot see what reads or writes
+    # it there, and freeing the storage in place would leave the alias on freed memory (wrong
+    # numbers with no error, seen). So a storage handed out is one others manage, as one they
+    # resize: brought back first if it is out (``bring_back``), then never planned nor freed. A
+    # copy (``copy=True``) hands out nothing. (``t.numpy()`` runs a ``detach`` op, which brings
+    # it back, and PyTorch marks its storage not resizable.) ``t.tolist()`` reads the memory with
+    # no op: it is brought back alone. Not caught: ``__cuda_array_interface__`` (CuPy, Numba)
+    # and pointers (``data_ptr()``).
     def _exporting(self, export: Any) -> Any:
         stream = self
 
         def exporting(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("copy") is not True and tensor.layout is torch.strided:
+            aliased = kwargs.get("copy") is not True and tensor.layout is torch.strided
+            if aliased:
+                stream._bring_back(tensor)
+            out = export(tensor, *args, **kwargs)
+            if aliased:
                 storage = _local(tensor).untyped_storage()
                 stream.foreign_resized.add(storage)
                 stream.on_foreign_resize(storage)
-                stream.on_export(storage)
-            return export(tensor, *args, **kwargs)
+            return out
 
         return exporting
+
+    def _reading(self, read: Any) -> Any:
+        stream = self
+
+        def reading(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if tensor.layout is torch.strided:
+                stream._bring_back(tensor)
+            return read(tensor, *args, **kwargs)
+
+        return reading
+
+    def _bring_back(self, tensor: torch.Tensor) -> None:
+        if threading.get_ident() == self._thread:  # the runtime's records are that thread's
+            self.bring_back(_local(tensor).untyped_storage())
 
     def _registering(self, init: Any) -> Any:
         stream = self

@@ -197,13 +197,18 @@ def _fingerprint(storage: torch.UntypedStorage) -> torch.Tensor:
     return data[:n].view(torch.int64).sum() + data[n:].sum(dtype=torch.int64)
 
 
-def _kept_in_memory(tensors: pd.DataFrame, ids: set[int]) -> pd.DataFrame:
-    """``tensors`` with the storages of ``ids`` marked not resizable (never moved): written where
-    teraio cannot see, found at a boundary after their iteration's table was made (NOTE [ Writes
-    teraio cannot see ])."""
+_Ids = frozenset[tuple[int, int]]
+
+
+def _kept_in_memory(tensors: pd.DataFrame, unseen: set[tuple[int, int]], iteration: int,
+                    aligned: dict[int, int]) -> pd.DataFrame:
+    """The tensors table of ``iteration`` with the storages written where teraio cannot see
+    marked not resizable (never moved): ``unseen`` holds their (iteration, tensor id) pairs,
+    ``aligned`` the renames of its carried ids in its tables (NOTE [ Writes teraio cannot see ])."""
+    ids = [aligned.get(tid, tid) for it, tid in unseen if it == iteration]
     if not ids:
         return tensors
-    return tensors.assign(resizable=tensors["resizable"] & ~tensors["tensor_id"].isin(list(ids)))
+    return tensors.assign(resizable=tensors["resizable"] & ~tensors["tensor_id"].isin(ids))
 
 
 class Tracer(OpStream):
@@ -249,10 +254,14 @@ class Tracer(OpStream):
         # NOTE [ Writes teraio cannot see ]: the named storages' fingerprints at the last
         # boundary, the storages ops wrote since, and the names written unseen
         # name (or, unnamed, the storage's id()) -> (the storage, its fingerprint at the last
-        # boundary, the tensor ids it has had at the boundaries)
-        self._prints: dict[str | int, tuple[weakref.ref[torch.UntypedStorage], int, frozenset[int]]] = {}
-        self.written_unseen_unnamed: set[int] = set()  # their id() (NOTE [ Writes teraio cannot see ])
-        self._unseen_ids: set[int] = set()  # every tensor id they have had
+        # boundary, and unnamed, the (iteration, tensor id) it had at each boundary so far)
+        self._prints: dict[str | int, tuple[weakref.ref[torch.UntypedStorage], int, _Ids]] = {}
+        # the unnamed storages written unseen, and the (iteration, tensor id) of each, for the
+        # tables of the iterations they were in (ids recur: another iteration's may be another's)
+        self._unseen_unnamed: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
+        self.num_unseen_unnamed = 0
+        self._unseen_at: set[tuple[int, int]] = set()
+        self._aligned: dict[int, dict[int, int]] = {}  # iteration -> its carried ids' renames in its tables
         self._written: set[int] = set()
         self.written_unseen: set[str] = set()
 
@@ -429,7 +438,7 @@ class Tracer(OpStream):
     # them writes so).
     # Storages no module or optimizer names (a batch buffer a background thread fills again each
     # step) get the same check: one alive through an iteration that changed in it unseen is kept
-    # in memory, marked not resizable (``written_unseen_unnamed`` counts them), as freeing it
+    # in memory, marked not resizable (``num_unseen_unnamed`` counts them), as freeing it
     # while that code writes it would crash the process; the named ones stay movable then.
     def _fingerprints(self) -> None:
         """Compare every storage alive at this boundary with its fingerprint at the boundary
@@ -447,23 +456,26 @@ class Tracer(OpStream):
                 at = [i for i, v in enumerate(sums) if v.device == device]
                 for i, v in zip(at, torch.stack([sums[i] for i in at]).tolist(), strict=True):
                     values[i] = int(v)
-        prints: dict[str | int, tuple[weakref.ref[torch.UntypedStorage], int, frozenset[int]]] = {}
+        prints: dict[str | int, tuple[weakref.ref[torch.UntypedStorage], int, _Ids]] = {}
         for (key, storage), value in zip(keyed, values, strict=True):
             before = self._prints.get(key)
             if before is not None and before[0]() is not storage:
                 before = None
             tid = self.ids.get(storage)
-            ids = (before[2] if before is not None else frozenset()) | ({tid} if tid is not None else set())
-            prints[key] = (weakref.ref(storage), value, ids if isinstance(key, int) else frozenset())
+            ids = before[2] if before is not None else frozenset()
+            if isinstance(key, int) and tid is not None:
+                ids |= {(self.iteration, tid)}
+            prints[key] = (weakref.ref(storage), value, ids)
+            if isinstance(key, int) and storage in self._unseen_unnamed:
+                self._unseen_at |= ids  # its id in this iteration too
             if before is None or before[1] == value or (tid is not None and tid in self._written):
                 continue
             if isinstance(key, str):
                 self.written_unseen.add(key)
             else:
-                self.written_unseen_unnamed.add(key)
-                self._unseen_ids |= ids
-        for tid in self._unseen_ids:
-            self.resizable[tid] = False
+                self.num_unseen_unnamed += storage not in self._unseen_unnamed
+                self._unseen_unnamed.add(storage)
+                self._unseen_at |= ids
         self._prints = prints
         self._written = set()
 
@@ -607,6 +619,7 @@ class Tracer(OpStream):
         """The tables of the iteration ``rec`` recorded."""
         it = self.iteration
         pairs = self._align_carried(rec)
+        self._aligned[it] = pairs
         if it == 1:
             self.first_carried = {new: old for old, new in pairs.items()}
         n = len(rec.op_names)
@@ -675,7 +688,8 @@ class Tracer(OpStream):
         if not self.done:
             raise RuntimeError("no iteration recorded")
         kernels = pd.concat([d[0] for d in self.done], ignore_index=True)
-        tensors = _kept_in_memory(self.done[0][1], self._unseen_ids)
+        i0 = int(self.done[0][0]["iteration"].iloc[0])
+        tensors = _kept_in_memory(self.done[0][1], self._unseen_at, i0, self._aligned.get(i0, {}))
         accesses = pd.concat([d[2] for d in self.done], ignore_index=True)
         k0 = self.done[0][0]
         sizes = dict(zip(tensors["tensor_id"], tensors["size_bytes"], strict=True))
@@ -702,7 +716,7 @@ class Tracer(OpStream):
         first = None
         if self.first is not None:
             k, t, a = self.first
-            t = _kept_in_memory(t, self._unseen_ids)
+            t = _kept_in_memory(t, self._unseen_at, 0, self._aligned.get(0, {}))
             signature = signature_of(k["op_name"].tolist(), dict(zip(t["tensor_id"], t["size_bytes"], strict=True)))
             carried = {str(new): old for new, old in sorted(self.first_carried.items())}
             first = Profile(meta={

@@ -83,15 +83,18 @@ def test_script_without_optimizer(tmp_path: Path) -> None:
 
 def test_an_optimizer_never_stepped_is_named(tmp_path: Path) -> None:
     """Two optimizers built, one stepped every step and one never (its layers frozen): no
-    boundary, and the error says which optimizer it waited for, not that none stepped."""
+    boundary, and the error says which optimizer it waited for, not that none stepped (the
+    optimizers are locals of ``main``, gone when the script ends)."""
     script = write(tmp_path / "idle.py", (
         "import torch\n"
-        "head, body = torch.nn.Linear(8, 2), torch.nn.Linear(8, 8)\n"
-        "opt_head = torch.optim.SGD(head.parameters(), lr=0.1)\n"
-        "opt_body = torch.optim.AdamW(body.parameters(), lr=0.1)\n"
-        "for _ in range(4):\n"
-        "    head(body(torch.randn(4, 8)).detach()).sum().backward()\n"
-        "    opt_head.step()\n"))
+        "def main():\n"
+        "    head, body = torch.nn.Linear(8, 2), torch.nn.Linear(8, 8)\n"
+        "    opt_head = torch.optim.SGD(head.parameters(), lr=0.1)\n"
+        "    opt_body = torch.optim.AdamW(body.parameters(), lr=0.1)\n"
+        "    for _ in range(4):\n"
+        "        head(body(torch.randn(4, 8)).detach()).sum().backward()\n"
+        "        opt_head.step()\n"
+        "main()\n"))
     r = run_teraio("profile", script, "--out", tmp_path / "p")
     assert r.returncode == 2
     error = one_line_error(r.stderr)

@@ -389,6 +389,24 @@ def test_a_model_the_script_drops_is_freed(plan: Plan) -> None:
         assert dropped() is None and ex.roots() == []
 
 
+def test_memory_read_outside_any_op_is_brought_back(plan: Plan) -> None:
+    """``.tolist()`` reads a tensor's memory with no op: between forward and backward, while this
+    plan has the first layer's weight out, it comes back first and the numbers are the plain
+    run's (NOTE [ DLPack exports ]); the plan goes on being followed."""
+    def reader(out: list[float]) -> Callable[[int, torch.nn.Module, torch.optim.Optimizer], None]:
+        def hook(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+            if step >= 1:
+                out.append(sum(sum(model[0].weight.tolist(), [])))
+        return hook
+
+    expected: list[float] = []
+    plain = train(5, save_at=reader(expected))
+    got: list[float] = []
+    with offload(plan) as ex:
+        assert same(train(5, save_at=reader(got)), plain)
+    assert got == expected and ex.stats.on_demand_fetches > 0 and ex.unfollowed == []
+
+
 def test_plan_for_another_model_is_refused(plan: Plan) -> None:
     def other() -> None:
         torch.manual_seed(0)
