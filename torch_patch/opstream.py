@@ -105,6 +105,12 @@ def parts(t: _Tensor) -> tuple[_Tensor, ...]:
     return ()
 
 
+def _forget(names: dict[int, str], ids: list[int]) -> None:
+    """A root module died: its modules' names go with it (NOTE [ Roots ])."""
+    for i in ids:
+        names.pop(i, None)
+
+
 def _compiled_module_name(module: torch.nn.Module) -> str | None:
     """The compiled model's class name if ``module`` is a ``torch.compile``d module. (Dynamo
     is imported by whoever compiled it; importing it here would cost 1.6 s of start-up.)"""
@@ -455,7 +461,7 @@ class OpStream(TorchDispatchMode):
                 if id(m) not in self._module_names:
                     self._module_names[id(m)] = (prefix + sub).rstrip(".")
                     named.append(id(m))
-            weakref.finalize(module, self._module_names_gone, named)
+            weakref.finalize(module, _forget, self._module_names, named)
             return self._module_names[id(module)]
         name = f"{self.module_stack[-1]}.{type(module).__name__}".lstrip(".")
         self._module_names[id(module)] = name
@@ -473,10 +479,6 @@ class OpStream(TorchDispatchMode):
         if len(live) < len(self._roots):
             self._roots = [r for r in self._roots if r() is not None]
         return live
-
-    def _module_names_gone(self, ids: list[int]) -> None:
-        for i in ids:
-            self._module_names.pop(i, None)
 
     def _fwd_pre(self, module: torch.nn.Module, _args: Any) -> None:
         compiled = _compiled_module_name(module)
