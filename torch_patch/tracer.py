@@ -400,9 +400,11 @@ class Tracer(OpStream):
     # ---- iterations -------------------------------------------------------------
     def _record(self) -> None:
         """Start recording an iteration, with the storages alive now as carried into it."""
-        live = {tid: self.sizes.get(tid, s.nbytes()) for tid, s in self.ids.live().items()}
-        for tid in live:
-            self.sizes.setdefault(tid, live[tid])
+        # Each storage at its size now; one freed in place (FSDP2's unsharded parameters between
+        # uses) at the size it was noted at. A carried id recurs every iteration for another
+        # storage (profiles.ids), so the size noted under it may be an earlier one's.
+        live = {tid: s.nbytes() or self.sizes.get(tid, 0) for tid, s in self.ids.live().items()}
+        self.sizes.update(live)
         self._rec = _Iteration(live)
         self._t0 = self._now()
         if self.cuda_timing:
