@@ -318,7 +318,7 @@ class PlanExecutor(OpStream):
 
     def _offload(self, tid: int, storage: torch.UntypedStorage, target: str, urgent: bool,
                  name: str | None = None, priority: int = 0) -> None:
-        if not storage.resizable() or storage in self.foreign_resized:
+        if not self.movable(storage):
             what = self._describe(tid, name)
             self.stats.not_resizable.append(what)
             self._warn_once("fixed", f"{what} cannot be freed in place (its memory belongs to numpy, "
@@ -388,7 +388,7 @@ class PlanExecutor(OpStream):
         if entry is None:
             return False
         if (entry.target != target or entry.nbytes != storage.nbytes() or entry.storage() is not storage
-                or not storage.resizable() or storage in self.foreign_resized):
+                or not self.movable(storage)):
             entry.backend.delete(entry.key)
             return False
         # NOTE [ Interrupts ]: in ``moved`` before the storage is freed (a freed storage with no
@@ -642,6 +642,9 @@ class PlanExecutor(OpStream):
                     return len(found)
                 if isinstance(x, torch.UntypedStorage):
                     found.append(x)
+                    return len(found)
+                if isinstance(x, torch.TypedStorage):  # the legacy ``t.storage()``
+                    found.append(x._untyped_storage)
                     return len(found)
                 return None
 

@@ -23,8 +23,10 @@ _resize = torch.UntypedStorage.resize_
 
 
 def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
-    """A 1-D uint8 tensor aliasing all of ``storage`` (no op is recorded by teraio's modes)."""
-    with _disable_current_modes():
+    """A 1-D uint8 tensor aliasing all of ``storage`` (no op is recorded by teraio's modes). Not
+    an inference tensor, though made inside the script's ``torch.inference_mode()`` (an
+    evaluation): a worker thread, outside it, could not write into one."""
+    with _disable_current_modes(), torch.inference_mode(False):
         return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 

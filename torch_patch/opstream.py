@@ -347,6 +347,14 @@ class OpStream(TorchDispatchMode):
             outputs.append((tid, t, False))
         return pos + 1
 
+    def movable(self, storage: torch.UntypedStorage) -> bool:
+        """Whether teraio may free ``storage`` in place: ``resize_`` can (its memory is not
+        numpy's, shared memory's or DLPack's; ``share_memory_()`` leaves a storage looking
+        resizable, and resizing it then crashes the process) and no one else manages it (NOTE
+        [ Storages others resize ], NOTE [ DLPack exports ])."""
+        return (storage.resizable() and storage not in self.foreign_resized
+                and not (storage.device.type == "cpu" and storage.is_shared()))
+
     def input_storage(self, tensor_id: int, t: _Tensor) -> torch.UntypedStorage | None:
         """After its op, the storage of input ``t`` that ``tensor_id`` names: ``t``'s, unless the
         op gave ``t`` another (``set_``, with which ``torch.load`` rebuilds every tensor), then the
@@ -513,7 +521,8 @@ class OpStream(TorchDispatchMode):
             for owner in (torch.utils.dlpack, torch):
                 if hasattr(owner, "to_dlpack"):
                     self._patch(owner, "to_dlpack", self._exporting)
-            self._patch(torch.Tensor, "tolist", self._reading)
+            for name in ("tolist", "__deepcopy__", "__reduce_ex__"):  # read outside any op
+                self._patch(torch.Tensor, name, self._reading)
             self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
@@ -579,9 +588,11 @@ class OpStream(TorchDispatchMode):
     # numbers with no error, seen). So a storage handed out is one others manage, as one they
     # resize: brought back first if it is out (``bring_back``), then never planned nor freed. A
     # copy (``copy=True``) hands out nothing. (``t.numpy()`` runs a ``detach`` op, which brings
-    # it back, and PyTorch marks its storage not resizable.) ``t.tolist()`` reads the memory with
-    # no op: it is brought back alone. Not caught: ``__cuda_array_interface__`` (CuPy, Numba)
-    # and pointers (``data_ptr()``).
+    # it back, and PyTorch marks its storage not resizable.) ``t.tolist()``, ``copy.deepcopy(t)``
+    # (a storage clone) and pickling (``t.__reduce_ex__``, which pickles ``t``'s storage) read the
+    # memory with no op: the tensor is brought back alone (a deep copy of an optimizer's state
+    # copied an empty storage, then garbage). Not caught: ``__cuda_array_interface__`` (CuPy,
+    # Numba), pointers (``data_ptr()``), a storage read by itself (``t.untyped_storage()``).
     def _exporting(self, export: Any) -> Any:
         stream = self
 

@@ -385,7 +385,7 @@ class Tracer(OpStream):
         storage gone during its op, ``input_storage``, counted as empty)."""
         self.sizes[tid] = storage.nbytes() if storage is not None else 0
         self.dtypes[tid] = str(t.dtype).removeprefix("torch.")
-        self.resizable[tid] = storage is not None and storage.resizable() and storage not in self.foreign_resized
+        self.resizable[tid] = storage is not None and self.movable(storage)
 
     def on_foreign_resize(self, storage: torch.UntypedStorage) -> None:
         tid = self.ids.get(storage)

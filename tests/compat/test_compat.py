@@ -38,6 +38,8 @@ PATTERNS = {
     "sparse-tensors": ("sparse_tensors.py", []),
     "dlpack-numpy-aliases": ("dlpack_aliases.py", ["--via", "numpy"]),
     "dlpack-torch-aliases": ("dlpack_aliases.py", ["--via", "torch"]),
+    "model-in-shared-memory": ("state_habits.py", ["--habit", "share"]),
+    "eval-deepcopy-pickle-legacy-storage": ("state_habits.py", ["--habit", "copies"]),
 }
 
 
