@@ -31,6 +31,7 @@ The tensor loop is written out by hand: a ``tree_flatten`` recorder measured
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import warnings
@@ -204,6 +205,7 @@ class OpStream(TorchDispatchMode):
         self._warning_filters: warnings.catch_warnings[None] | None = None
         self._signals: AbstractContextManager[None] | None = None  # NOTE [ Signals in free callbacks ]
         self._thread = threading.get_ident()
+        self._pid = os.getpid()
 
     # ---- hooks for subclasses -------------------------------------------------
     def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -513,6 +515,7 @@ class OpStream(TorchDispatchMode):
             self._handles.append(register_optimizer_step_post_hook(self._step_post))
             self._patch(torch.optim.Optimizer, "__init__", self._registering)
             self._thread = threading.get_ident()
+            self._pid = os.getpid()
             self._patch(_dataloader.DataLoader, "__iter__", self._uncounted)
             self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._uncounted)
             self._patch(torch, "compile", self._compile)
@@ -620,7 +623,8 @@ class OpStream(TorchDispatchMode):
         return reading
 
     def _bring_back(self, tensor: torch.Tensor) -> None:
-        if threading.get_ident() == self._thread:  # the runtime's records are that thread's
+        # the runtime's records are the training thread's (not a forked DataLoader worker's)
+        if threading.get_ident() == self._thread and os.getpid() == self._pid:
             self.bring_back(_local(tensor).untyped_storage())
 
     def _registering(self, init: Any) -> Any:
