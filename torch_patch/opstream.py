@@ -31,6 +31,7 @@ The tensor loop is written out by hand: a ``tree_flatten`` recorder measured
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -43,6 +44,7 @@ from typing import Any
 import torch
 import torch.utils.data.dataloader as _dataloader
 import torch.utils.dlpack
+from torch._C._functorch import get_unwrapped, is_functorch_wrapped_tensor
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
@@ -192,8 +194,10 @@ class OpStream(TorchDispatchMode):
         self._module_names: dict[int, str] = {}
         self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self._stepped: set[int] = set()
-        self._built: dict[int, str] = {}  # id(optimizer) -> what it is (``never_stepped``)
-        self._ever_stepped: set[int] = set()
+        # each optimizer registered: its number, and what it is (``never_stepped``)
+        self._serial: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+        self._built: list[str] = []
+        self._ever_stepped: set[int] = set()  # their numbers
         self._in_optimizer = 0
         self._explicit = False
         self._num_long = 0  # long-lived unnamed storages numbered so far (profiles.ids)
@@ -436,13 +440,15 @@ class OpStream(TorchDispatchMode):
     def never_stepped(self) -> tuple[list[str], bool]:
         """What the optimizers built and never stepped are (alive or not, as a script's locals
         are gone when it ends), and whether any optimizer stepped."""
-        return [d for i, d in self._built.items() if i not in self._ever_stepped], bool(self._ever_stepped)
+        return [d for i, d in enumerate(self._built) if i not in self._ever_stepped], bool(self._ever_stepped)
 
     def _register_optimizer(self, opt: torch.optim.Optimizer) -> None:
         if all(r() is not opt for r in self._optimizers):
             self._optimizers.append(weakref.ref(opt))
             n = sum(len(g["params"]) for g in opt.param_groups)
-            self._built[id(opt)] = f"{type(opt).__name__} over {n} parameters"
+            with contextlib.suppress(TypeError):  # an optimizer class that is not hashable
+                self._serial[opt] = len(self._built)
+                self._built.append(f"{type(opt).__name__} over {n} parameters")
 
     def _step_pre(self, opt: torch.optim.Optimizer, *_: Any) -> None:
         self._register_optimizer(opt)
@@ -453,7 +459,8 @@ class OpStream(TorchDispatchMode):
         if self._explicit:
             return
         self._stepped.add(id(opt))
-        self._ever_stepped.add(id(opt))
+        with contextlib.suppress(TypeError):
+            self._ever_stepped.add(self._serial.get(opt, -1))
         if all(id(o) in self._stepped for o in self.optimizers()):
             self._boundary()
 
@@ -624,8 +631,16 @@ class OpStream(TorchDispatchMode):
 
     def _bring_back(self, tensor: torch.Tensor) -> None:
         # the runtime's records are the training thread's (not a forked DataLoader worker's)
-        if threading.get_ident() == self._thread and os.getpid() == self._pid:
-            self.bring_back(_local(tensor).untyped_storage())
+        if threading.get_ident() != self._thread or os.getpid() != self._pid:
+            return
+        t = _local(tensor)
+        while is_functorch_wrapped_tensor(t):  # inside torch.func.grad, vmap, jacrev
+            t = get_unwrapped(t)
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a subclass with no storage of its own
+            return
+        self.bring_back(storage)
 
     def _registering(self, init: Any) -> Any:
         stream = self

@@ -403,7 +403,8 @@ class Tracer(OpStream):
         # Each storage at its size now; one freed in place (FSDP2's unsharded parameters between
         # uses) at the size it was noted at. A carried id recurs every iteration for another
         # storage (profiles.ids), so the size noted under it may be an earlier one's.
-        live = {tid: s.nbytes() or self.sizes.get(tid, 0) for tid, s in self.ids.live().items()}
+        live = {tid: s.nbytes() if s.nbytes() or s not in self.foreign_resized else self.sizes.get(tid, 0)
+                for tid, s in self.ids.live().items()}
         self.sizes.update(live)
         self._rec = _Iteration(live)
         self._t0 = self._now()

@@ -299,3 +299,17 @@ def test_the_clock_is_the_scripts_device(device: str) -> None:
     assert first is not None
     ends = first["start_us"] + first["duration_us"]
     assert (first["start_us"].diff().dropna() >= 0).all() and ends.max() < 60e6, first
+
+
+def test_reads_outside_ops_inside_torch_func_transforms() -> None:
+    """``tolist()`` inside ``torch.func.jacrev`` and ``vjp`` (MAML-style code): the tensor is a
+    functorch wrapper with no storage of its own; teraio's watch on reads outside ops (NOTE
+    [ DLPack exports ]) looks through it, as PyTorch alone runs it."""
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return t * len(t.tolist())
+
+    x = torch.randn(3)
+    with Tracer():
+        jac = torch.func.jacrev(f)(x)
+        out, _ = torch.func.vjp(f, x)
+    assert torch.equal(jac, torch.func.jacrev(f)(x)) and torch.equal(out, f(x))
