@@ -275,6 +275,9 @@ class OpStream(TorchDispatchMode):
         for i, a in enumerate(args):
             if isinstance(a, _Tensor):
                 pos = self._input(index, pos, a, i in info.mutable_args, inputs, ids)
+            elif isinstance(a, torch.UntypedStorage):  # ``set_(storage)``: NOTE [ Storage arguments ]
+                view = torch.empty(0, dtype=torch.uint8, device=a.device).set_(a)
+                pos = self._input(index, pos, view, False, inputs, ids)
             elif isinstance(a, (list, tuple)):
                 w = i in info.mutable_args
                 for b in a:
@@ -314,6 +317,11 @@ class OpStream(TorchDispatchMode):
         self.after_op(index, info, inputs, outputs)
         return out
 
+    # NOTE [ Storage arguments ]: ``t.set_(storage, ...)`` (how ``copy.deepcopy`` and
+    # ``torch.load`` rebuild a tensor, after cloning or reading its storage) takes a storage, not
+    # a tensor; skipped, the op looked to teraio as if it did not use that storage, and `teraio
+    # run` could have it out at the op (a deep copy of a state dict then failed in ``set_``). It
+    # counts as an input, through a byte view of it.
     @staticmethod
     def _input(index: int, pos: int, t: _Tensor, write: bool,
                inputs: list[tuple[int, _Tensor, bool]], ids: StorageIds) -> int:

@@ -40,6 +40,7 @@ PATTERNS = {
     "dlpack-torch-aliases": ("dlpack_aliases.py", ["--via", "torch"]),
     "model-in-shared-memory": ("state_habits.py", ["--habit", "share"]),
     "eval-deepcopy-pickle-legacy-storage": ("state_habits.py", ["--habit", "copies"]),
+    "best-state-deepcopy": ("state_habits.py", ["--habit", "best-state"]),
 }
 
 
