@@ -76,12 +76,33 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
 
 
-class _Staging:
-    """A page-aligned buffer for O_DIRECT (an anonymous map) and a uint8 tensor on it.
+def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[:] = src`` for two contiguous uint8 tensors of one size, off the training thread.
 
-    Bytes go in and out of it with ``Tensor.copy_``, which releases the GIL, so
-    a worker's copy does not hold up the training thread as a memoryview copy would.
-    """
+    NOTE [ Copies off OpenMP ]: between host tensors by ``ctypes.memmove`` (which releases the
+    GIL, as ``Tensor.copy_`` does), never by ``Tensor.copy_``: a large CPU ``copy_`` runs an
+    OpenMP parallel region, and the first one a worker thread runs gives that thread a team of
+    its own (4 workers: 4 threads more). libgomp then manages more threads than there are cores,
+    and every team, the training thread's too, stops spinning between parallel regions
+    (libgomp's GOMP_SPINCOUNT: "if there are more OpenMP threads than available CPUs", 100
+    spins), so each parallel op of the training step waits for its threads to wake. On this
+    2-core VM the small example's optimizer ops each took about 20 us longer for the rest of the
+    run once a plan moved anything; with ``memmove`` its ops took 40-45 ms an iteration less at
+    75% and at 50% of its peak (429 against 471 ms, 456 against 502: medians of 16). The other
+    side: the training thread's team spins again, taking CPU that the workers' Python and
+    syscalls need, so on these 2 cores a plan that moves a lot (the smallest budget) runs its
+    transfers slower than before. A device tensor's copy is the device's (no OpenMP)."""
+    if dst.numel() != src.numel() or not (dst.is_contiguous() and src.is_contiguous()):
+        raise ValueError(f"copy of {src.numel()} bytes into {dst.numel()}: both contiguous, of one size")
+    if dst.is_cuda or src.is_cuda:
+        dst.copy_(src)
+    elif dst.numel():
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), dst.numel())
+
+
+class _Staging:
+    """A page-aligned buffer for O_DIRECT (an anonymous map) and a uint8 tensor on it; bytes go in
+    and out of it by ``copy_bytes``."""
 
     def __init__(self) -> None:
         self.map = mmap.mmap(-1, STAGING_BYTES)
@@ -201,7 +222,7 @@ class PosixBackend:
         with self._lock:
             self._staging.append(buf)
 
-    # With O_DIRECT, bytes pass through a staging buffer by ``Tensor.copy_`` (a device
+    # With O_DIRECT, bytes pass through a staging buffer by ``copy_bytes`` (a device
     # tensor's too: one copy, no pinned buffer made per transfer); buffered I/O goes
     # straight from and to the tensor's memory (through one host copy for a device tensor).
     def write(self, key: int, src: torch.Tensor) -> None:
@@ -219,7 +240,7 @@ class PosixBackend:
                 self._pwrite_all(fd, _host_bytes(host), 0)
                 return
             def fill(buf: _Staging, off: int, n: int) -> None:
-                buf.tensor[:n].copy_(src[off:off + n])
+                copy_bytes(buf.tensor[:n], src[off:off + n])
 
             def put(buf: _Staging, off: int, n: int) -> None:
                 self._pwrite_all(fd, memoryview(buf.map)[:_round_up(n)], off)
@@ -257,7 +278,7 @@ class PosixBackend:
                 self._pread_all(fd, memoryview(buf.map)[:_round_up(n)], off, need=n)
 
             def empty(buf: _Staging, off: int, n: int) -> None:
-                dst[off:off + n].copy_(buf.tensor[:n])
+                copy_bytes(dst[off:off + n], buf.tensor[:n])
 
             self._staged(total, copy=empty, io=get, io_first=True)
         finally:
@@ -413,14 +434,14 @@ class HostBackend:
         if key in self._blocks:
             self.delete(key)
         off = self._alloc(n)
-        self.pool[off:off + n].copy_(src)
+        copy_bytes(self.pool[off:off + n], src)
         self._blocks[key] = (off, n)
 
     def read(self, key: int, dst: torch.Tensor) -> None:
         off, n = self._blocks[key]
         if n != dst.numel():
             raise OSError(f"holds {n} bytes, expected {dst.numel()}")
-        dst.copy_(self.pool[off:off + n])
+        copy_bytes(dst, self.pool[off:off + n])
 
     def delete(self, key: int) -> None:
         block = self._blocks.pop(key, None)

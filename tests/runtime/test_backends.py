@@ -162,6 +162,32 @@ def test_posix_pipelined_copies_stay_on_the_calling_thread(tmp_path: Path) -> No
     assert sorted(off for _, off in seen["io"]) == sorted(off for _, off in seen["copy"]) == pieces
 
 
+@pytest.mark.parametrize("name", ["posix-direct", "posix-buffered", "host"])
+def test_copies_on_a_worker_start_no_openmp_threads(tmp_path: Path, name: str) -> None:
+    """A worker's host copies make no OpenMP team of their own: the extra threads made every
+    team of the process, the training thread's too, stop spinning between parallel ops
+    (NOTE [ Copies off OpenMP ] in runtime.backends)."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("torch runs one thread here: no OpenMP team to make")
+    b: Backend = HostBackend(64 << 20) if name == "host" else PosixBackend(tmp_path, direct=name == "posix-direct")
+    n = 8 << 20  # one staging buffer, far above a parallel copy's grain
+    src, dst = random_bytes(n, 3).cpu(), torch.zeros(n, dtype=torch.uint8)
+    threads: list[int] = []
+
+    def worker() -> None:
+        threads.append(len(os.listdir("/proc/self/task")))
+        b.write(1, src)
+        b.read(1, dst)
+        threads.append(len(os.listdir("/proc/self/task")))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    b.close()
+    assert torch.equal(src, dst)
+    assert threads[1] == threads[0], f"{threads[1] - threads[0]} threads started by a worker's copies"
+
+
 def test_a_full_disk_waits_for_pending_deletes_once(tmp_path: Path) -> None:
     """Deleted files keep their blocks until the unlinking thread gets to them: a write that
     finds the disk full waits for those deletes and tries once more."""
