@@ -56,7 +56,7 @@ class CpuCosts:
 CACHE_DAYS = 7
 BUSY_CORES = 0.25  # others' average use above which figures are kept for ``BUSY_KEEP_S`` only
 BUSY_KEEP_S = 3600.0
-METHOD = 7  # of ``runtime.calibrate``: figures measured another way are measured again
+METHOD = 8  # of ``runtime.calibrate``: figures measured another way are measured again
 
 
 def _torch_version() -> str:
