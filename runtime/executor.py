@@ -13,7 +13,9 @@ applies it.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 import pickle
 import signal
 import sys
@@ -136,6 +138,17 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> tuple[Any, Ca
     return event, run
 
 
+def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` with the executor's records locked (NOTE [ Reads on other threads ])."""
+
+    @functools.wraps(method)
+    def locked(self: PlanExecutor, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class PlanExecutor(OpStream):
     """Carries out ``plan``'s migrations of ``rank``; see the module docstring."""
 
@@ -172,10 +185,18 @@ class PlanExecutor(OpStream):
         self._iter_t0 = time.perf_counter()
         self._iter_stall_s0 = 0.0  # stats.stall_s when this iteration began
         self._iter_moved0 = {"write": (0, 0.0), "read": (0, 0.0)}  # the engine's (bytes, busy) then
+        # NOTE [ Reads on other threads ]
+        self._lock = threading.RLock()  # held while the records change
+        self._held: dict[int, int] = {}  # id(storage) -> reads on other threads keeping it in memory
 
     # ---- per op ----------------------------------------------------------------
     def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                inputs: list[tuple[int, torch.Tensor, bool]]) -> Any:
+        with self._lock:
+            self._before_op(index, func, inputs)
+        return func(*args, **kwargs)
+
+    def _before_op(self, index: int, func: Any, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         if self.engine.completed:
             self._drain()
         schedule = self.schedule
@@ -201,11 +222,16 @@ class PlanExecutor(OpStream):
         schedule = self.schedule
         if schedule is not None and index < len(schedule.made_bytes) and schedule.made_bytes[index]:
             self._make_room(schedule.made_bytes[index])
-        return func(*args, **kwargs)
 
     def run_uncounted(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An uncounted op (data loading) still never touches a freed storage, nor leaves a kept
         copy of a storage it may write (its schema is not looked at: any it touches)."""
+        if self.moved or self.copies:
+            with self._lock:
+                self._before_uncounted(args, kwargs)
+        return func(*args, **kwargs)
+
+    def _before_uncounted(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.moved or self.copies:
             for tensor in _tensors(args, kwargs):
                 try:
@@ -217,14 +243,15 @@ class PlanExecutor(OpStream):
                     self._make_resident(tid, entry)
                 if tid is not None and tid in self.copies:
                     self._drop_copy(tid, written_over=True)
-        return func(*args, **kwargs)
 
+    @_locked
     def bring_back(self, storage: torch.UntypedStorage) -> None:
         tid = self.ids.get(storage)
         entry = self.moved.get(tid) if tid is not None else None
         if tid is not None and entry is not None:
             self._make_resident(tid, entry)
 
+    @_locked
     def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         stats = self.stats
@@ -242,6 +269,7 @@ class PlanExecutor(OpStream):
         if stats.tracked_bytes > stats.peak_tracked_bytes:
             stats.peak_tracked_bytes = stats.tracked_bytes
 
+    @_locked
     def on_free(self, tensor_id: int) -> None:
         if tensor_id in self.copies:
             self._drop_copy(tensor_id)
@@ -287,7 +315,7 @@ class PlanExecutor(OpStream):
                 tid = self.plan_ids[tid]
                 storage = self.ids.storage(tid)
             self._settle_kept(tid)
-            if storage is None or tid in self.moved:
+            if storage is None or tid in self.moved or self._read_elsewhere(tid, storage):
                 return
             if storage.nbytes() != m.size_bytes:
                 # Another storage than the plan's (NOTE [ Other sizes ]): left alone.
@@ -654,41 +682,113 @@ class PlanExecutor(OpStream):
     @contextmanager
     def resident_for(self, obj: Any) -> Iterator[None]:
         """The offloaded storages of ``obj``'s tensors back for the body (a ``torch.save``,
-        which reads storages outside any op); then freed again, their copies kept."""
+        which reads storages outside any op); then, on the training thread, freed again, their
+        copies kept; on another, kept in for the body (NOTE [ Reads on other threads ])."""
         try:
             with _disable_current_modes():  # the walk's own ops (a sparse tensor's parts) are not the script's
                 storages = self._storages_in(obj)
         except Exception:  # noqa: BLE001 - an object pickle cannot walk: bring everything back
-            storages = [e.storage() for e in self.moved.values()]
+            storages = [e.storage() for e in list(self.moved.values())]
+        if os.getpid() != self._pid:  # a forked child (a DataLoader worker): no I/O threads here
+            out = [self._describe(t) for s in storages if s is not None and (t := self.ids.get(s)) in self.moved]
+            if out:
+                raise RuntimeError(f"teraio: torch.save in a forked process of {', '.join(out[:3])}, which "
+                                   "teraio has moved out of memory: save it in the training process")
+            yield
+            return
+        if threading.get_ident() != self._thread:
+            with self.kept_in(storages):
+                yield
+            return
         refree: list[tuple[int, _Entry]] = []
-        for storage in storages:
-            if storage is None:
-                continue
-            tid = self.ids.get(storage)
-            entry = self.moved.get(tid) if tid is not None else None
-            if entry is None or tid is None:
-                continue
-            self._wait(entry)  # an offload in flight finishes first (then it is out)
-            entry = self.moved.get(tid)
-            if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
-                self._fetch(tid, entry, urgent=True, keep_copy=True, for_op=False)
-                self._wait(entry)
-                self.stats.save_fetches += 1
-                refree.append((tid, entry))
+        with self._lock:
+            for storage in storages:
+                if storage is None:
+                    continue
+                tid = self.ids.get(storage)
+                entry = self.moved.get(tid) if tid is not None else None
+                if entry is None or tid is None:
+                    continue
+                self._wait(entry)  # an offload in flight finishes first (then it is out)
+                entry = self.moved.get(tid)
+                if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
+                    self._fetch(tid, entry, urgent=True, keep_copy=True, for_op=False)
+                    self._wait(entry)
+                    self.stats.save_fetches += 1
+                    refree.append((tid, entry))
         try:
             yield
         finally:
-            for tid, entry in refree:
-                storage = entry.storage()
-                if storage is None or tid in self.moved:
+            with self._lock:
+                for tid, entry in refree:
+                    storage = entry.storage()
+                    if storage is None or tid in self.moved or id(storage) in self._held:
+                        continue
+                    # NOTE [ Interrupts ]: in ``moved`` before the storage is freed, out once it is
+                    entry.state = Residency.DEVICE
+                    self.moved[tid] = entry
+                    free_storage(storage)
+                    self.stats.tracked_bytes -= entry.nbytes
+                    entry.state = Residency.HOST if entry.target == "host" else Residency.SSD
+                    entry.keep_copy = False
+
+    # NOTE [ Reads on other threads ]: a script's own thread may read tensors teraio moves: a
+    # checkpoint written by ``torch.save`` on a background thread while training goes on (async
+    # checkpointing by hand), a ``tolist()``, a deep copy or a DLPack export there. The records of
+    # what is out (``moved``, the engine's jobs, the tracked bytes) are the training thread's, and
+    # such a read once changed them beside it: a background save of the model's and optimizer's
+    # state while the next step ran gave other losses and other final weights than the plain run
+    # (2 of 3 runs at the smallest budget), with no error. So the records change under one lock,
+    # which the training thread takes around its bookkeeping of each op (not around the op
+    # itself), its frees and its boundaries. A read on another thread takes it to bring back
+    # what it reads (waiting for a write in flight first, as a save on the training thread does),
+    # and marks those storages held: while a read holds one, the plan's offloads of it are left
+    # out (it stays in memory, which may take an iteration over its budget: said once), and
+    # nothing it brought back is freed again when it ends; the plan's next offload of it is.
+    # Only what the reading thread waits for is applied there (its own jobs), and a wait there
+    # counts as no stall of the training. A thread that reads a tensor with no patched call (a
+    # raw pointer, ``__cuda_array_interface__``) is not seen.
+    @contextmanager
+    def kept_in(self, storages: list[torch.UntypedStorage | None]) -> Iterator[None]:
+        held: list[torch.UntypedStorage] = []  # alive until released: their ids are theirs
+        with self._lock:
+            for storage in storages:
+                tid = self.ids.get(storage) if storage is not None else None
+                if storage is None or tid is None:
                     continue
-                # NOTE [ Interrupts ]: in ``moved`` before the storage is freed, out once it is
-                entry.state = Residency.DEVICE
-                self.moved[tid] = entry
-                free_storage(storage)
-                self.stats.tracked_bytes -= entry.nbytes
-                entry.state = Residency.HOST if entry.target == "host" else Residency.SSD
-                entry.keep_copy = False
+                self._held[id(storage)] = self._held.get(id(storage), 0) + 1
+                held.append(storage)
+                entry = self.moved.get(tid)
+                if entry is not None and entry.job is not None:  # a write (or read) in flight
+                    self._finished(entry.job)
+                entry = self.moved.get(tid)
+                if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
+                    self._fetch(tid, entry, urgent=True, for_op=False)
+                    if entry.job is not None:
+                        self._finished(entry.job)
+                    self.stats.save_fetches += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                for storage in held:
+                    n = self._held.pop(id(storage)) - 1
+                    if n > 0:
+                        self._held[id(storage)] = n
+
+    def _finished(self, job: Job) -> None:
+        """Wait for ``job`` and apply its result, on a thread other than the training thread."""
+        self._await(job)
+        self._complete(job)
+
+    def _read_elsewhere(self, tid: int, storage: torch.UntypedStorage) -> bool:
+        """Whether a read on another thread holds ``storage`` in memory (NOTE [ Reads on other threads ])."""
+        if id(storage) not in self._held:
+            return False
+        self._warn_once("held", f"{self._describe(tid)} is read on another thread (a torch.save there?) "
+                        "when the plan moves it out, so it stays in memory until the read is done; this "
+                        "iteration may go over its budget")
+        return True
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -696,6 +796,7 @@ class PlanExecutor(OpStream):
             warnings.warn(f"teraio: {message}", RuntimeWarning, stacklevel=3)
 
     # ---- iterations ----------------------------------------------------------------
+    @_locked
     def renamed(self, new_ids: dict[int, int]) -> None:
         # Persistent storages get their names at a boundary and carried ones a flag
         # (profiles.ids): what is keyed by tensor id follows its storage.
@@ -707,6 +808,7 @@ class PlanExecutor(OpStream):
             if entry.job is not None:
                 entry.job.tensor_id = new_ids.get(entry.job.tensor_id, entry.job.tensor_id)
 
+    @_locked
     def end_iteration(self) -> None:
         schedule = self.schedule
         if schedule is not None and self.op_index != schedule.num_ops:
@@ -762,6 +864,7 @@ class PlanExecutor(OpStream):
                         "(an evaluation, a log line or a checkpoint between steps does this); the plan "
                         "is followed again from the next iteration whose ops are its own")
 
+    @_locked
     def begin_iteration(self) -> None:
         boundary = at_boundary(
             self.plan, self.rank, self._ending, renamed=self._renamed,
@@ -772,7 +875,7 @@ class PlanExecutor(OpStream):
         for tid, m in boundary.send_out:
             self._settle_kept(tid)
             storage = self.ids.storage(tid)
-            if storage is not None and tid not in self.moved:
+            if storage is not None and tid not in self.moved and not self._read_elsewhere(tid, storage):
                 self._offload(tid, storage, m.place, urgent=True, name=m.name)
         for tid, _ in boundary.send_out:
             entry = self.moved.get(tid)
@@ -822,7 +925,7 @@ class PlanExecutor(OpStream):
         ``restore_errors`` (``runtime.api.offload`` keeps their bytes and names them)."""
         self.restore_errors: list[StorageIOError] = []
         try:
-            with signals_held():
+            with signals_held(), self._lock:
                 self._drain(self.restore_errors)
                 self.restore_all(self.restore_errors)
         finally:

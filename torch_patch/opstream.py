@@ -37,6 +37,7 @@ import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -244,6 +245,11 @@ class OpStream(TorchDispatchMode):
     def bring_back(self, storage: torch.UntypedStorage) -> None:
         """``storage``'s memory is about to be read or handed out outside any op (NOTE [ DLPack
         exports ]): if it is out, bring it back."""
+
+    def kept_in(self, storages: list[torch.UntypedStorage | None]) -> AbstractContextManager[None]:
+        """The same, for a thread other than the training thread: ``storages`` back in memory,
+        and kept there for the body (NOTE [ Reads on other threads ] in runtime.executor)."""
+        return contextlib.nullcontext()
 
     def on_compiled(self, what: str) -> None:
         """``torch.compile`` was called on ``what``, or a compiled module ran (NOTE [ Compiled
@@ -615,11 +621,10 @@ class OpStream(TorchDispatchMode):
         stream = self
 
         def exporting(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            aliased = kwargs.get("copy") is not True and tensor.layout is torch.strided
-            if aliased:
-                stream._bring_back(tensor)
-            out = export(tensor, *args, **kwargs)
-            if aliased:
+            if kwargs.get("copy") is True or tensor.layout is not torch.strided:
+                return export(tensor, *args, **kwargs)
+            with stream._resident(tensor):
+                out = export(tensor, *args, **kwargs)
                 storage = _local(tensor).untyped_storage()
                 stream.foreign_resized.add(storage)
                 stream.on_foreign_resize(storage)
@@ -631,24 +636,33 @@ class OpStream(TorchDispatchMode):
         stream = self
 
         def reading(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if tensor.layout is torch.strided:
-                stream._bring_back(tensor)
-            return read(tensor, *args, **kwargs)
+            if tensor.layout is not torch.strided:
+                return read(tensor, *args, **kwargs)
+            with stream._resident(tensor):
+                return read(tensor, *args, **kwargs)
 
         return reading
 
-    def _bring_back(self, tensor: torch.Tensor) -> None:
-        # the runtime's records are the training thread's (not a forked DataLoader worker's)
-        if threading.get_ident() != self._thread or os.getpid() != self._pid:
-            return
+    @contextlib.contextmanager
+    def _resident(self, tensor: torch.Tensor) -> Iterator[None]:
+        """``tensor``'s storage in memory for the body: brought back on the training thread,
+        brought back and kept in on another (NOTE [ Reads on other threads ] in runtime.executor);
+        the runtime's records are not a forked DataLoader worker's to change."""
         t = _local(tensor)
         while is_functorch_wrapped_tensor(t):  # inside torch.func.grad, vmap, jacrev
             t = get_unwrapped(t)
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # a subclass with no storage of its own
-            return
-        self.bring_back(storage)
+            storage = None
+        if storage is None or os.getpid() != self._pid:
+            yield
+        elif threading.get_ident() == self._thread:
+            self.bring_back(storage)
+            yield
+        else:
+            with self.kept_in([storage]):
+                yield
 
     def _registering(self, init: Any) -> Any:
         stream = self

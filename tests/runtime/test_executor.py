@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -405,6 +406,32 @@ def test_memory_read_outside_any_op_is_brought_back(plan: Plan) -> None:
     with offload(plan) as ex:
         assert same(train(5, save_at=reader(got)), plain)
     assert got == expected and ex.stats.on_demand_fetches > 0 and ex.unfollowed == []
+
+
+@pytest.mark.parametrize("how", ["tolist", "dlpack"])
+def test_memory_read_on_another_thread_is_brought_back_and_kept_in(plan: Plan, how: str) -> None:
+    """The same read on a thread of the script's own, while the weight is out: brought back and
+    kept in memory for the read, not changing the training thread's records beside it (NOTE
+    [ Reads on other threads ]); a DLPack export there leaves the weight in memory for good."""
+    def read(w: torch.Tensor) -> float:
+        if how == "tolist":
+            return float(sum(sum(w.tolist(), [])))
+        return float(np.from_dlpack(w.detach()).sum())
+
+    def reader(out: list[float]) -> Callable[[int, torch.nn.Module, torch.optim.Optimizer], None]:
+        def hook(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+            if step >= 1:
+                t = threading.Thread(target=lambda: out.append(read(model[0].weight)))
+                t.start()
+                t.join()
+        return hook
+
+    expected: list[float] = []
+    plain = train(5, save_at=reader(expected))
+    got: list[float] = []
+    with offload(plan) as ex:
+        assert same(train(5, save_at=reader(got)), plain)
+    assert got == expected and ex.stats.save_fetches > 0
 
 
 def test_plan_for_another_model_is_refused(plan: Plan) -> None:
