@@ -777,8 +777,11 @@ class PlanExecutor(OpStream):
                         self._held[id(storage)] = n
 
     def _finished(self, job: Job) -> None:
-        """Wait for ``job`` and apply its result, on a thread other than the training thread."""
-        self._await(job)
+        """Wait for ``job`` (served before every job that is not urgent) and apply its result, on a
+        thread other than the training thread."""
+        if not job.done.is_set():
+            self.engine.promote(job)
+            self._await(job)
         self._complete(job)
 
     def _read_elsewhere(self, tid: int, storage: torch.UntypedStorage) -> bool:
