@@ -94,7 +94,7 @@ class RunStats:
     iteration_peak_cuda_bytes: list[int] = field(default_factory=list)  # allocated, CUDA only
     iteration_followed: list[bool] = field(default_factory=list)  # followed its plan to the end
     not_resizable: list[str] = field(default_factory=list)  # planned tensors kept: not freeable
-    save_fetches: int = 0  # offloaded tensors brought back for a torch.save (and freed again)
+    save_fetches: int = 0  # offloaded tensors brought back for a torch.save (then freed again), or a read on another thread
     other_sizes: int = 0  # planned offloads left out: their storage had another size
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
     dropped_copies: int = 0  # kept copies an op wrote over before their offload came
