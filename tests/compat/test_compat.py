@@ -154,6 +154,19 @@ def test_first_steps_unlike_the_rest_are_profiled_past(tmp_path: Path) -> None:
     assert_within_budget(teraio)
 
 
+def test_iterations_the_profile_set_aside_before_its_first_are_not_held_against_the_plan(
+        tmp_path: Path) -> None:
+    """An averaged model's first update copies and its second differs in sizes, and step 3
+    evaluates: the profile keeps iterations 4 and 5 and sets 1-3 aside. The plan counts from 4,
+    so the run's unlike iterations 2 and 3 do not get it refused as made for another profile
+    (before: refused at the smallest budget, exit 2, with that false reason)."""
+    plain, teraio = compare(SCRIPTS / "averaged_model.py", ["--steps", "8"], tmp_path, share="min")
+    assert_identical(plain, teraio)
+    assert teraio.report is not None and teraio.plan is not None
+    assert teraio.plan["parameters"]["warmup"] == 4
+    assert teraio.report["iteration_followed"][4:6] == [True, True]
+
+
 def test_a_layer_replaced_while_the_old_one_lives_on(tmp_path: Path) -> None:
     """The old layer's storages, named at the boundary before, are no longer named after step 3
     but live on until step 5 (NOTE [ Names let go ]): bit-identical, and once the old layer is
