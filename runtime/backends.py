@@ -92,9 +92,11 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     side: the training thread's team spins again, taking CPU that the workers' Python and
     syscalls need, so on these 2 cores a plan that moves a lot (the smallest budget) runs its
     transfers slower than before. A device tensor's copy is the device's (no OpenMP)."""
-    if dst.numel() != src.numel() or not (dst.is_contiguous() and src.is_contiguous()):
-        raise ValueError(f"copy of {src.numel()} bytes into {dst.numel()}: both contiguous, of one size")
-    if dst.is_cuda or src.is_cuda:
+    if (dst.dtype != torch.uint8 or src.dtype != torch.uint8 or dst.numel() != src.numel()
+            or not (dst.is_contiguous() and src.is_contiguous())):
+        raise ValueError(f"copy of {src.numel()} {src.dtype} into {dst.numel()} {dst.dtype}: both "
+                         "contiguous uint8, of one size")
+    if dst.device.type != "cpu" or src.device.type != "cpu":  # a device's copy; a meta tensor's raises
         dst.copy_(src)
     elif dst.numel():
         ctypes.memmove(dst.data_ptr(), src.data_ptr(), dst.numel())
@@ -129,7 +131,8 @@ class _Unlinker:
         self._paths: queue.SimpleQueue[str | Done | None] = queue.SimpleQueue()
         self.unlinked = 0  # files unlinked so far; the unlinking thread's own
         self._closed = False
-        threading.Thread(target=self._serve, daemon=True, name="teraio-unlink").start()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="teraio-unlink")
+        self._thread.start()
 
     def delete(self, path: str) -> None:
         gone = f"{path}.deleted"
@@ -151,6 +154,7 @@ class _Unlinker:
         self.flush()
         self._closed = True
         self._paths.put(None)
+        self._thread.join(timeout=30)  # gone when the backend is closed (a loaded machine kept it a while)
 
     def _serve(self) -> None:
         while (item := self._paths.get()) is not None:

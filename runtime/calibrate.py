@@ -91,8 +91,8 @@ class _Compute:
     thread holds the GIL, both of which the workers' transfers wait for. Beside one 6 ms product a
     step, the posix backend moved 1.42 GB/s out with 399 us a transfer, and the small example's
     plan at its smallest budget predicted 849 ms against 994 measured (writes busy 401 against
-    552 ms); beside these ops, 1.29 GB/s and 425 us, and 955 against 913 ms: within 5% in every
-    cell of bench/fidelity.py (BENCHMARKS.md)."""
+    552 ms); beside these ops, 1.29 GB/s and 425 us, and 955 against 913 ms, and every cell of
+    bench/fidelity.py within 10% in two runs (BENCHMARKS.md)."""
 
     def __init__(self) -> None:
         gen = torch.Generator().manual_seed(0)

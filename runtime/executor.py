@@ -46,8 +46,9 @@ __all__ = ["PlanExecutor", "Residency", "RunStats", "signals_held"]
 
 # Steady iterations that may leave the plan before one follows it to its end, before the
 # plan is refused as made for another profile (NOTE [ Boundaries ] in runtime.boundary).
-# Iterations before the first one the profile recorded (`teraio profile --warmup`) do not
-# count: a script whose first steps differ (a layer unfrozen at step 3) is profiled past them.
+# Iterations before the first one the profile kept (past `teraio profile --warmup`, and past those
+# it set aside) do not count: a script whose first steps differ (a layer unfrozen at step 3) is
+# profiled past them.
 _REFUSE_AFTER = 2
 # A transfer that takes longer than this (plus 1 s per 10 MB) ends the run with an error:
 # no wait can last for ever.
@@ -94,7 +95,7 @@ class RunStats:
     iteration_peak_cuda_bytes: list[int] = field(default_factory=list)  # allocated, CUDA only
     iteration_followed: list[bool] = field(default_factory=list)  # followed its plan to the end
     not_resizable: list[str] = field(default_factory=list)  # planned tensors kept: not freeable
-    save_fetches: int = 0  # offloaded tensors brought back for a torch.save (then freed again), or a read on another thread
+    save_fetches: int = 0  # tensors brought back for a torch.save (then freed again) or a read on another thread
     other_sizes: int = 0  # planned offloads left out: their storage had another size
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
     dropped_copies: int = 0  # kept copies an op wrote over before their offload came
@@ -136,6 +137,20 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> tuple[Any, Ca
         stream.synchronize()
 
     return event, run
+
+
+_EXECUTORS: weakref.WeakSet[PlanExecutor] = weakref.WeakSet()
+
+
+def _unlock_in_child() -> None:
+    """A forked child (a DataLoader worker) gets each executor's lock as its parent's thread held
+    it, for a thread it does not have: a new one instead."""
+    for executor in _EXECUTORS:
+        executor._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -187,6 +202,7 @@ class PlanExecutor(OpStream):
         self._iter_moved0 = {"write": (0, 0.0), "read": (0, 0.0)}  # the engine's (bytes, busy) then
         # NOTE [ Reads on other threads ]
         self._lock = threading.RLock()  # held while the records change
+        _EXECUTORS.add(self)
         self._held: dict[int, int] = {}  # id(storage) -> reads on other threads keeping it in memory
 
     # ---- per op ----------------------------------------------------------------
@@ -315,7 +331,7 @@ class PlanExecutor(OpStream):
                 tid = self.plan_ids[tid]
                 storage = self.ids.storage(tid)
             self._settle_kept(tid)
-            if storage is None or tid in self.moved or self._read_elsewhere(tid, storage):
+            if storage is None or tid in self.moved:
                 return
             if storage.nbytes() != m.size_bytes:
                 # Another storage than the plan's (NOTE [ Other sizes ]): left alone.
@@ -346,6 +362,8 @@ class PlanExecutor(OpStream):
 
     def _offload(self, tid: int, storage: torch.UntypedStorage, target: str, urgent: bool,
                  name: str | None = None, priority: int = 0) -> None:
+        if self._read_elsewhere(tid, storage):
+            return
         if not self.movable(storage):
             what = self._describe(tid, name)
             self.stats.not_resizable.append(what)
@@ -416,7 +434,7 @@ class PlanExecutor(OpStream):
         if entry is None:
             return False
         if (entry.target != target or entry.nbytes != storage.nbytes() or entry.storage() is not storage
-                or not self.movable(storage)):
+                or not self.movable(storage) or id(storage) in self._held):  # then ``_offload`` says why
             entry.backend.delete(entry.key)
             return False
         # NOTE [ Interrupts ]: in ``moved`` before the storage is freed (a freed storage with no
@@ -722,7 +740,10 @@ class PlanExecutor(OpStream):
             with self._lock:
                 for tid, entry in refree:
                     storage = entry.storage()
-                    if storage is None or tid in self.moved or id(storage) in self._held:
+                    if storage is not None and tid not in self.moved and id(storage) in self._held:
+                        entry.backend.delete(entry.key)  # it stays in for the other thread's read
+                        continue
+                    if storage is None or tid in self.moved:
                         continue
                     # NOTE [ Interrupts ]: in ``moved`` before the storage is freed, out once it is
                     entry.state = Residency.DEVICE
@@ -745,29 +766,32 @@ class PlanExecutor(OpStream):
     # and marks those storages held: while a read holds one, the plan's offloads of it are left
     # out (it stays in memory, which may take an iteration over its budget: said once), and
     # nothing it brought back is freed again when it ends; the plan's next offload of it is.
-    # Only what the reading thread waits for is applied there (its own jobs), and a wait there
-    # counts as no stall of the training. A thread that reads a tensor with no patched call (a
-    # raw pointer, ``__cuda_array_interface__``) is not seen.
+    # Its waits for its own tensors' transfers count as no stall of the training; a read that must
+    # first wait for the training's writes to make room waits as the training would (a stall, and
+    # the jobs done meanwhile applied there). The lock is the training process's: a forked child
+    # (a DataLoader worker) gets a new one, not one its parent's thread held. A thread that reads a
+    # tensor with no patched call (a raw pointer, ``__cuda_array_interface__``) is not seen. On a
+    # GPU, a read in a backward hook runs on autograd's device thread and takes this path too.
     @contextmanager
     def kept_in(self, storages: list[torch.UntypedStorage | None]) -> Iterator[None]:
         held: list[torch.UntypedStorage] = []  # alive until released: their ids are theirs
-        with self._lock:
-            for storage in storages:
-                tid = self.ids.get(storage) if storage is not None else None
-                if storage is None or tid is None:
-                    continue
-                self._held[id(storage)] = self._held.get(id(storage), 0) + 1
-                held.append(storage)
-                entry = self.moved.get(tid)
-                if entry is not None and entry.job is not None:  # a write (or read) in flight
-                    self._finished(entry.job)
-                entry = self.moved.get(tid)
-                if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
-                    self._fetch(tid, entry, urgent=True, for_op=False)
-                    if entry.job is not None:
-                        self._finished(entry.job)
-                    self.stats.save_fetches += 1
         try:
+            with self._lock:
+                for storage in storages:
+                    tid = self.ids.get(storage) if storage is not None else None
+                    if storage is None or tid is None:
+                        continue
+                    self._held[id(storage)] = self._held.get(id(storage), 0) + 1
+                    held.append(storage)
+                    entry = self.moved.get(tid)
+                    while entry is not None and entry.job is not None:  # a transfer in flight (and
+                        self._finished(entry.job)  # a host write after a full disk's failed one)
+                        entry = self.moved.get(tid)
+                    if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
+                        self._fetch(tid, entry, urgent=True, for_op=False)
+                        if entry.job is not None:
+                            self._finished(entry.job)
+                        self.stats.save_fetches += 1
             yield
         finally:
             with self._lock:
@@ -799,6 +823,10 @@ class PlanExecutor(OpStream):
             warnings.warn(f"teraio: {message}", RuntimeWarning, stacklevel=3)
 
     # ---- iterations ----------------------------------------------------------------
+    @_locked
+    def _boundary(self) -> None:  # the renaming included: no read elsewhere sees it half done
+        super()._boundary()
+
     @_locked
     def renamed(self, new_ids: dict[int, int]) -> None:
         # Persistent storages get their names at a boundary and carried ones a flag
@@ -878,7 +906,7 @@ class PlanExecutor(OpStream):
         for tid, m in boundary.send_out:
             self._settle_kept(tid)
             storage = self.ids.storage(tid)
-            if storage is not None and tid not in self.moved and not self._read_elsewhere(tid, storage):
+            if storage is not None and tid not in self.moved:
                 self._offload(tid, storage, m.place, urgent=True, name=m.name)
         for tid, _ in boundary.send_out:
             entry = self.moved.get(tid)

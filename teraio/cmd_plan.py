@@ -415,10 +415,10 @@ def plan(
             comparison = compare_policies(prof, problem, hw, rank_plans[rank], rank)
     first_plan = plan_first(prof, hw)
     job = job_keys(prof, rank_plans) if len(rank_plans) > 1 else None
-    # the first iteration the profile kept: past --warmup, and past those it set aside as unlike the rest
-    recorded = [int(i) for i in prof.meta.get("iterations") or []]
+    # the first iteration every rank's profile kept: past --warmup, and past those it set aside
+    firsts = [int(prof.kernels_of(r)["iteration"].min()) for r in prof.ranks if len(prof.kernels_of(r))]
     made_for = {"profile": str(prof.path), "device_type": prof.meta.get("device_type"),
-                "warmup": min(recorded) if recorded else prof.meta.get("warmup")}
+                "warmup": max(firsts) if firsts else prof.meta.get("warmup")}
     doc = build_plan(rank_plans, hw, prof.signature, comparison=comparison,
                      extra_parameters=made_for, first=first_plan, job=job,
                      world_size=int(prof.meta.get("world_size") or len(prof.ranks)),

@@ -368,11 +368,14 @@ class OpStream(TorchDispatchMode):
         return pos + 1
 
     def movable(self, storage: torch.UntypedStorage) -> bool:
-        """Whether teraio may free ``storage`` in place: ``resize_`` can (its memory is not
+        """Whether teraio may free ``storage`` in place: it holds memory of the CPU or of a CUDA
+        device (a meta storage, as in a module skeleton ``torch.func.functional_call`` runs with,
+        has a size and no memory: moving one crashed the process), ``resize_`` can (its memory is not
         numpy's, shared memory's or DLPack's; ``share_memory_()`` leaves a storage looking
         resizable, and resizing it then crashes the process) and no one else manages it (NOTE
         [ Storages others resize ], NOTE [ DLPack exports ])."""
-        return (storage.resizable() and storage not in self.foreign_resized
+        return (storage.device.type in ("cpu", "cuda") and storage.resizable()
+                and storage not in self.foreign_resized
                 and not (storage.device.type == "cpu" and storage.is_shared()))
 
     def input_storage(self, tensor_id: int, t: _Tensor) -> torch.UntypedStorage | None:
@@ -545,7 +548,7 @@ class OpStream(TorchDispatchMode):
             for owner in (torch.utils.dlpack, torch):
                 if hasattr(owner, "to_dlpack"):
                     self._patch(owner, "to_dlpack", self._exporting)
-            for name in ("tolist", "__deepcopy__", "__reduce_ex__"):  # read outside any op
+            for name in ("tolist", "__deepcopy__", "__reduce_ex__", "__repr__"):  # read outside any op
                 self._patch(torch.Tensor, name, self._reading)
             self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
             # torch warns at every call of a compiled module that global module hooks (ours) fire
@@ -613,10 +616,13 @@ class OpStream(TorchDispatchMode):
     # resize: brought back first if it is out (``bring_back``), then never planned nor freed. A
     # copy (``copy=True``) hands out nothing. (``t.numpy()`` runs a ``detach`` op, which brings
     # it back, and PyTorch marks its storage not resizable.) ``t.tolist()``, ``copy.deepcopy(t)``
-    # (a storage clone) and pickling (``t.__reduce_ex__``, which pickles ``t``'s storage) read the
-    # memory with no op: the tensor is brought back alone (a deep copy of an optimizer's state
-    # copied an empty storage, then garbage). Not caught: ``__cuda_array_interface__`` (CuPy,
-    # Numba), pointers (``data_ptr()``), a storage read by itself (``t.untyped_storage()``).
+    # (a storage clone), pickling (``t.__reduce_ex__``, which pickles ``t``'s storage) and printing
+    # (``repr(t)``, which indexes ``t`` with every dispatch mode turned off) read the memory with no
+    # op teraio sees: the tensor is brought back alone (a deep copy of an optimizer's state copied an
+    # empty storage, then garbage; ``print(weight)`` raised "out of bounds for storage of size
+    # 0"). On another thread each is brought back and kept in for the read (NOTE [ Reads on other
+    # threads ] in runtime.executor). Not caught: ``__cuda_array_interface__`` (CuPy, Numba),
+    # pointers (``data_ptr()``), a storage read by itself (``t.untyped_storage()``).
     def _exporting(self, export: Any) -> Any:
         stream = self
 

@@ -41,6 +41,8 @@ PATTERNS = {
     "model-in-shared-memory": ("state_habits.py", ["--habit", "share"]),
     "eval-deepcopy-pickle-legacy-storage": ("state_habits.py", ["--habit", "copies"]),
     "best-state-deepcopy": ("state_habits.py", ["--habit", "best-state"]),
+    "printed-weights": ("print_weights.py", []),
+    "functional-call-meta-skeleton": ("meta_skeleton.py", []),
 }
 
 
