@@ -360,6 +360,12 @@ class PlanExecutor(OpStream):
         name = name or self.persistent.get(tid, (None, ""))[0]
         return f"tensor {tid}" + (f" ({name})" if name else "")
 
+    def movable(self, storage: torch.UntypedStorage) -> bool:
+        """Also: it holds memory of the CPU or of a CUDA device. A meta storage (a module skeleton
+        ``torch.func.functional_call`` runs with) has a size and no memory, and moving one crashed
+        the process. (The tracer's own check leaves it movable: a fake profile's storages are meta.)"""
+        return storage.device.type in ("cpu", "cuda") and super().movable(storage)
+
     def _offload(self, tid: int, storage: torch.UntypedStorage, target: str, urgent: bool,
                  name: str | None = None, priority: int = 0) -> None:
         if self._read_elsewhere(tid, storage):
@@ -368,8 +374,9 @@ class PlanExecutor(OpStream):
             what = self._describe(tid, name)
             self.stats.not_resizable.append(what)
             self._warn_once("fixed", f"{what} cannot be freed in place (its memory belongs to numpy, "
-                            "shared memory or DLPack, or another library resizes it, as FSDP2 does its "
-                            "unsharded parameters), so it stays in memory; so does every such tensor")
+                            "shared memory or DLPack, another library resizes it, as FSDP2 does its "
+                            "unsharded parameters, or it has none: the meta device), so it stays in memory; "
+                            "so does every such tensor")
             return
         if tid in self.copies:
             self._drop_copy(tid)

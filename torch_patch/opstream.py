@@ -368,14 +368,11 @@ class OpStream(TorchDispatchMode):
         return pos + 1
 
     def movable(self, storage: torch.UntypedStorage) -> bool:
-        """Whether teraio may free ``storage`` in place: it holds memory of the CPU or of a CUDA
-        device (a meta storage, as in a module skeleton ``torch.func.functional_call`` runs with,
-        has a size and no memory: moving one crashed the process), ``resize_`` can (its memory is not
+        """Whether teraio may free ``storage`` in place: ``resize_`` can (its memory is not
         numpy's, shared memory's or DLPack's; ``share_memory_()`` leaves a storage looking
         resizable, and resizing it then crashes the process) and no one else manages it (NOTE
         [ Storages others resize ], NOTE [ DLPack exports ])."""
-        return (storage.device.type in ("cpu", "cuda") and storage.resizable()
-                and storage not in self.foreign_resized
+        return (storage.resizable() and storage not in self.foreign_resized
                 and not (storage.device.type == "cpu" and storage.is_shared()))
 
     def input_storage(self, tensor_id: int, t: _Tensor) -> torch.UntypedStorage | None:

@@ -390,48 +390,44 @@ def test_a_model_the_script_drops_is_freed(plan: Plan) -> None:
         assert dropped() is None and ex.roots() == []
 
 
-def test_memory_read_outside_any_op_is_brought_back(plan: Plan) -> None:
-    """``.tolist()`` reads a tensor's memory with no op: between forward and backward, while this
-    plan has the first layer's weight out, it comes back first and the numbers are the plain
-    run's (NOTE [ DLPack exports ]); the plan goes on being followed."""
-    def reader(out: list[float]) -> Callable[[int, torch.nn.Module, torch.optim.Optimizer], None]:
-        def hook(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-            if step >= 1:
-                out.append(sum(sum(model[0].weight.tolist(), [])))
-        return hook
-
-    expected: list[float] = []
-    plain = train(5, save_at=reader(expected))
-    got: list[float] = []
-    with offload(plan) as ex:
-        assert same(train(5, save_at=reader(got)), plain)
-    assert got == expected and ex.stats.on_demand_fetches > 0 and ex.unfollowed == []
-
-
-@pytest.mark.parametrize("how", ["tolist", "dlpack"])
-def test_memory_read_on_another_thread_is_brought_back_and_kept_in(plan: Plan, how: str) -> None:
-    """The same read on a thread of the script's own, while the weight is out: brought back and
-    kept in memory for the read, not changing the training thread's records beside it (NOTE
-    [ Reads on other threads ]); a DLPack export there leaves the weight in memory for good."""
-    def read(w: torch.Tensor) -> float:
+@pytest.mark.parametrize(("how", "elsewhere"), [("tolist", False), ("repr", False), ("tolist", True),
+                                                 ("repr", True), ("dlpack", True)])
+def test_memory_read_outside_any_op_is_brought_back(plan: Plan, how: str, elsewhere: bool) -> None:
+    """``.tolist()``, ``repr`` (printing) and a DLPack export read a tensor's memory with no op
+    teraio sees: between forward and backward, while this plan has the first layer's weight out,
+    it comes back first and the numbers are the plain run's (NOTE [ DLPack exports ]), and the
+    plan goes on being followed. On a thread of the script's own (``elsewhere``), it is brought
+    back and kept in memory for the read, the training thread's records not changed beside it
+    (NOTE [ Reads on other threads ]); a DLPack export leaves it in memory for good."""
+    def read(w: torch.Tensor) -> object:
         if how == "tolist":
-            return float(sum(sum(w.tolist(), [])))
+            return sum(sum(w.tolist(), []))
+        if how == "repr":
+            return repr(w)
         return float(np.from_dlpack(w.detach()).sum())
 
-    def reader(out: list[float]) -> Callable[[int, torch.nn.Module, torch.optim.Optimizer], None]:
+    def reader(out: list[object]) -> Callable[[int, torch.nn.Module, torch.optim.Optimizer], None]:
         def hook(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-            if step >= 1:
-                t = threading.Thread(target=lambda: out.append(read(model[0].weight)))
-                t.start()
-                t.join()
+            if step < 1:
+                return
+            if not elsewhere:
+                out.append(read(model[0].weight))
+                return
+            t = threading.Thread(target=lambda: out.append(read(model[0].weight)))
+            t.start()
+            t.join()
         return hook
 
-    expected: list[float] = []
+    expected: list[object] = []
     plain = train(5, save_at=reader(expected))
-    got: list[float] = []
+    got: list[object] = []
     with offload(plan) as ex:
         assert same(train(5, save_at=reader(got)), plain)
-    assert got == expected and ex.stats.save_fetches > 0
+    assert got == expected and len(got) == 4
+    if elsewhere:
+        assert ex.stats.save_fetches > 0
+    else:
+        assert ex.stats.on_demand_fetches > 0 and ex.unfollowed == []
 
 
 def test_plan_for_another_model_is_refused(plan: Plan) -> None:
