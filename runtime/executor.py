@@ -792,8 +792,11 @@ class PlanExecutor(OpStream):
                     held.append(storage)
                     entry = self.moved.get(tid)
                     while entry is not None and entry.job is not None:  # a transfer in flight (and
-                        self._finished(entry.job)  # a host write after a full disk's failed one)
+                        job = entry.job  # a host write after a full disk's failed one)
+                        self._finished(job)
                         entry = self.moved.get(tid)
+                        if entry is not None and entry.job is job:  # not applied: never wait for ever
+                            break
                     if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
                         self._fetch(tid, entry, urgent=True, for_op=False)
                         if entry.job is not None:
