@@ -92,7 +92,7 @@ class _Compute:
     step, the posix backend moved 1.42 GB/s out with 399 us a transfer, and the small example's
     plan at its smallest budget predicted 849 ms against 994 measured (writes busy 401 against
     552 ms); beside these ops, 1.29 GB/s and 425 us, and 955 against 913 ms, and every cell of
-    bench/fidelity.py within 10% in two runs (BENCHMARKS.md)."""
+    bench/fidelity.py within 10% in two runs of three (BENCHMARKS.md)."""
 
     def __init__(self) -> None:
         gen = torch.Generator().manual_seed(0)
