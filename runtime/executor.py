@@ -248,17 +248,16 @@ class PlanExecutor(OpStream):
         return func(*args, **kwargs)
 
     def _before_uncounted(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.moved or self.copies:
-            for tensor in _tensors(args, kwargs):
-                try:
-                    tid = self.ids.get(tensor.untyped_storage())
-                except (RuntimeError, NotImplementedError):  # storage-less tensors (mkldnn)
-                    continue
-                entry = self.moved.get(tid) if tid is not None else None
-                if tid is not None and entry is not None:
-                    self._make_resident(tid, entry)
-                if tid is not None and tid in self.copies:
-                    self._drop_copy(tid, written_over=True)
+        for tensor in _tensors(args, kwargs):
+            try:
+                tid = self.ids.get(tensor.untyped_storage())
+            except (RuntimeError, NotImplementedError):  # storage-less tensors (mkldnn)
+                continue
+            entry = self.moved.get(tid) if tid is not None else None
+            if tid is not None and entry is not None:
+                self._make_resident(tid, entry)
+            if tid is not None and tid in self.copies:
+                self._drop_copy(tid, written_over=True)
 
     @_locked
     def bring_back(self, storage: torch.UntypedStorage) -> None:
@@ -834,10 +833,9 @@ class PlanExecutor(OpStream):
 
     # ---- iterations ----------------------------------------------------------------
     @_locked
-    def _boundary(self) -> None:  # the renaming included: no read elsewhere sees it half done
+    def _boundary(self) -> None:  # end_iteration, renaming, begin_iteration: seen whole elsewhere
         super()._boundary()
 
-    @_locked
     def renamed(self, new_ids: dict[int, int]) -> None:
         # Persistent storages get their names at a boundary and carried ones a flag
         # (profiles.ids): what is keyed by tensor id follows its storage.
@@ -849,7 +847,6 @@ class PlanExecutor(OpStream):
             if entry.job is not None:
                 entry.job.tensor_id = new_ids.get(entry.job.tensor_id, entry.job.tensor_id)
 
-    @_locked
     def end_iteration(self) -> None:
         schedule = self.schedule
         if schedule is not None and self.op_index != schedule.num_ops:
@@ -905,7 +902,6 @@ class PlanExecutor(OpStream):
                         "(an evaluation, a log line or a checkpoint between steps does this); the plan "
                         "is followed again from the next iteration whose ops are its own")
 
-    @_locked
     def begin_iteration(self) -> None:
         boundary = at_boundary(
             self.plan, self.rank, self._ending, renamed=self._renamed,
