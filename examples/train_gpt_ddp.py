@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from train_gpt import GPT, batch
 
@@ -83,6 +84,9 @@ def main() -> None:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0,
                    help="DDP gradient bucket size in MiB (DDP's default 25); smaller gives more "
                         "all-reduces per step")
+    p.add_argument("--comm-hook", choices=["none", "fp16"], default="none",
+                   help="a DDP communication hook: fp16 compresses each bucket to half precision "
+                        "for its all-reduce (torch's fp16_compress_hook)")
     p.add_argument("--timing", action="store_true",
                    help="also print each step's wall time on the printing rank (time_ms, for bench/jobs.py)")
     p.add_argument("--save", help="rank 0 writes the final parameters here (torch.save of the GPT "
@@ -98,6 +102,8 @@ def main() -> None:
         gen = torch.Generator().manual_seed(args.seed)
         model = GPT(args.vocab, args.seq, args.layers, args.hidden, args.heads).to(device)
         ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+        if args.comm_hook == "fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
         took = step_timer(args.timing)
         for step in range(args.steps):

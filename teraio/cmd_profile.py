@@ -267,8 +267,8 @@ def profile(
     not_resizable = int((~prof.tensors["resizable"]).sum())
     if not_resizable:
         info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory or DLPack "
-             "memory, memory handed out through DLPack, or written where teraio cannot see): they "
-             "stay in memory")
+             "memory, memory handed out through DLPack, a DDP communication hook's, or written where "
+             "teraio cannot see): they stay in memory")
     if tracer.num_unseen_unnamed:  # NOTE [ Writes teraio cannot see ] in torch_patch/tracer.py
         info(f"{tracer.num_unseen_unnamed} tensors that no model or optimizer names (a batch "
              "buffer filled again each step, say) changed between steps with no op that teraio saw "

@@ -32,6 +32,7 @@ The tensor loop is written out by hand: a ``tree_flatten`` recorder measured
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -47,6 +48,7 @@ import torch.utils.data.dataloader as _dataloader
 import torch.utils.dlpack
 from torch._C._functorch import get_unwrapped, is_functorch_wrapped_tensor
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -204,7 +206,10 @@ class OpStream(TorchDispatchMode):
         self._num_long = 0  # long-lived unnamed storages numbered so far (profiles.ids)
         self.uncounted = 0  # above 0: ops pass through uncounted (torch_patch.fake, data loading)
         self.compiled: list[str] = []  # NOTE [ Compiled code ]
-        self.foreign_resized: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
+        # storages others manage: never planned nor freed (NOTE [ Storages others resize ],
+        # NOTE [ DLPack exports ], NOTE [ Communication hooks ])
+        self.foreign: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
+        self.in_comm_hook = 0  # above 0: inside a DDP communication hook
         self._handles: list[Any] = []
         self._patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
         self._warning_filters: warnings.catch_warnings[None] | None = None
@@ -239,8 +244,8 @@ class OpStream(TorchDispatchMode):
         """Run an op that is not counted (NOTE [ Data loading is not counted ])."""
         return func(*args, **kwargs)
 
-    def on_foreign_resize(self, storage: torch.UntypedStorage) -> None:
-        """Someone else resized ``storage`` in place (NOTE [ Storages others resize ])."""
+    def on_foreign(self, storage: torch.UntypedStorage) -> None:
+        """``storage`` became someone else's to manage (``foreign``)."""
 
     def bring_back(self, storage: torch.UntypedStorage) -> None:
         """``storage``'s memory is about to be read or handed out outside any op (NOTE [ DLPack
@@ -306,6 +311,8 @@ class OpStream(TorchDispatchMode):
                             if isinstance(c, _Tensor):
                                 pos = self._input(index, pos, c, w, inputs, ids)
 
+        if self.in_comm_hook:
+            self._hook_touched(inputs)
         out = self.run_op(index, func, args, kwargs, inputs)
 
         outputs: list[tuple[int, _Tensor, bool]] = []
@@ -320,6 +327,8 @@ class OpStream(TorchDispatchMode):
                     for p in o:
                         if isinstance(p, _Tensor):
                             n = self._output(index, n, p, outputs, ids)
+        if self.in_comm_hook:
+            self._hook_touched(outputs)
         self.after_op(index, info, inputs, outputs)
         return out
 
@@ -372,7 +381,7 @@ class OpStream(TorchDispatchMode):
         numpy's, shared memory's or DLPack's; ``share_memory_()`` leaves a storage looking
         resizable, and resizing it then crashes the process) and no one else manages it (NOTE
         [ Storages others resize ], NOTE [ DLPack exports ])."""
-        return (storage.resizable() and storage not in self.foreign_resized
+        return (storage.resizable() and storage not in self.foreign
                 and not (storage.device.type == "cpu" and storage.is_shared()))
 
     def input_storage(self, tensor_id: int, t: _Tensor) -> torch.UntypedStorage | None:
@@ -548,6 +557,7 @@ class OpStream(TorchDispatchMode):
             for name in ("tolist", "__deepcopy__", "__reduce_ex__", "__repr__"):  # read outside any op
                 self._patch(torch.Tensor, name, self._reading)
             self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
+            self._patch(DistributedDataParallel, "register_comm_hook", self._hooking)
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
             self._warning_filters = warnings.catch_warnings()
@@ -586,7 +596,7 @@ class OpStream(TorchDispatchMode):
     # frees and refills each parameter's unsharded storage with ``untyped_storage().resize_``,
     # the very call teraio frees with, between ops (docs/distributed-notes.md). Such a
     # storage is someone else's to manage: every
-    # Python-level resize_ of a storage is noted (``foreign_resized``), and a noted storage
+    # Python-level resize_ of a storage is noted (``foreign``), and a noted storage
     # is never planned (the profile marks it not resizable) nor freed by the runtime, which
     # resizes through ``runtime.storage`` with the unpatched method. Freed in place (resized
     # to 0), it is freed to teraio too (``StorageIds.release``): refilled, the next op that
@@ -596,11 +606,11 @@ class OpStream(TorchDispatchMode):
         stream = self
 
         def resize_(storage: torch.UntypedStorage, nbytes: int) -> Any:
-            stream.foreign_resized.add(storage)
+            stream.foreign.add(storage)
             out = resize(storage, nbytes)
             if nbytes == 0:
                 stream.ids.release(storage)  # queued when on another thread
-            stream.on_foreign_resize(storage)
+            stream.on_foreign(storage)
             return out
 
         return resize_
@@ -628,12 +638,54 @@ class OpStream(TorchDispatchMode):
                 return export(tensor, *args, **kwargs)
             with stream._resident(tensor):
                 out = export(tensor, *args, **kwargs)
-                storage = _local(tensor).untyped_storage()
-                stream.foreign_resized.add(storage)
-                stream.on_foreign_resize(storage)
+                stream._others_manage(_local(tensor).untyped_storage())
             return out
 
         return exporting
+
+    def _others_manage(self, storage: torch.UntypedStorage) -> None:
+        """``storage`` is someone else's to manage from now on: never planned nor freed."""
+        self.foreign.add(storage)
+        self.on_foreign(storage)
+
+    # NOTE [ Communication hooks ]: a DDP communication hook (``register_comm_hook``: fp16 or bf16
+    # compression, PowerSGD) returns a future whose callbacks run on the backend's thread once the
+    # collective is done, and they write the bucket (and the hook's own state: PowerSGD's P, Q and
+    # error tensors) there, where no dispatch mode sees them. With the bucket out, the fp16 hook's
+    # callback raised "data is not allocated yet" (every run at the smallest budget); a copy kept
+    # from before such a write would have brought stale gradients back. So the bucket, and every
+    # storage an op inside the hook reads or writes, are others' to manage (as those others
+    # resize): brought back first, never planned nor freed. A hook running off the training thread
+    # (CUDA's autograd device threads) is wrapped the same, but its ops are not seen there. Not
+    # caught: DDP's built-in C++ hooks (``_register_builtin_comm_hook``), which teraio cannot wrap.
+    def _hooking(self, register: Any) -> Any:
+        stream = self
+
+        def register_comm_hook(ddp: Any, state: object, hook: Any) -> None:
+            @functools.wraps(hook)  # DDP checks the hook's signature and name
+            def hook_seen(state: object, bucket: Any) -> Any:
+                buffer = bucket.buffer()
+                with stream._resident(buffer):
+                    stream._others_manage(buffer.untyped_storage())
+                if threading.get_ident() != stream._thread:
+                    return hook(state, bucket)
+                stream.in_comm_hook += 1
+                try:
+                    return hook(state, bucket)
+                finally:
+                    stream.in_comm_hook -= 1
+
+            return register(ddp, state, hook_seen)
+
+        return register_comm_hook
+
+    def _hook_touched(self, touched: list[tuple[int, _Tensor, bool]]) -> None:
+        """The storages of an op inside a communication hook, which its callbacks may write."""
+        for _, t, _ in touched:
+            storage = _local(t).untyped_storage()
+            if storage not in self.foreign:
+                self.bring_back(storage)
+                self._others_manage(storage)
 
     def _reading(self, read: Any) -> Any:
         stream = self

@@ -387,7 +387,7 @@ class Tracer(OpStream):
         self.dtypes[tid] = str(t.dtype).removeprefix("torch.")
         self.resizable[tid] = storage is not None and self.movable(storage)
 
-    def on_foreign_resize(self, storage: torch.UntypedStorage) -> None:
+    def on_foreign(self, storage: torch.UntypedStorage) -> None:
         tid = self.ids.get(storage)
         if tid is not None:
             self.resizable[tid] = False
@@ -403,7 +403,7 @@ class Tracer(OpStream):
         # Each storage at its size now; one freed in place (FSDP2's unsharded parameters between
         # uses) at the size it was noted at. A carried id recurs every iteration for another
         # storage (profiles.ids), so the size noted under it may be an earlier one's.
-        live = {tid: s.nbytes() if s.nbytes() or s not in self.foreign_resized else self.sizes.get(tid, 0)
+        live = {tid: s.nbytes() if s.nbytes() or s not in self.foreign else self.sizes.get(tid, 0)
                 for tid, s in self.ids.live().items()}
         self.sizes.update(live)
         self._rec = _Iteration(live)

@@ -69,6 +69,9 @@ def gpt_keys() -> set[str]:
 
 JOBS = {
     "ddp": ("train_gpt_ddp.py", []),
+    # NOTE [ Communication hooks ] in torch_patch.opstream: the hook's callback writes the bucket
+    # on gloo's thread
+    "ddp-fp16-comm-hook": ("train_gpt_ddp.py", ["--comm-hook", "fp16", "--bucket-cap-mb", "0.05"]),
     "fsdp2": ("train_gpt_fsdp.py", []),
     "pp-1f1b": ("train_gpt_pp.py", ["--schedule", "1f1b"]),
     "pp-interleaved-1f1b": ("train_gpt_pp.py", ["--schedule", "interleaved-1f1b"]),
