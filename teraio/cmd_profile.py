@@ -107,6 +107,11 @@ def profile(
                     "rank is traced, and one profile holds them all. Inside a torchrun job "
                     "(`torchrun ... -m teraio profile ...`) teraio reads the rank from the "
                     "environment instead.", show_default=False)] = None,
+    rank_wait: Annotated[float, typer.Option(
+        min=1, help="In a job of several processes: how long, in seconds, a rank waits at the end "
+                    "of an iteration for the others (or 10 times its longest iteration, if longer) "
+                    "before it stops the job with an error. Ranks that do not step together (one "
+                    "that ran out of data under DDP's join()) never meet there.")] = 120.0,
 ) -> None:
     """Profile SCRIPT (or, with --fake, a built-in --model): every op's timing, every tensor's
     size and accesses.
@@ -206,6 +211,7 @@ def profile(
         info(f"fake mode: timing ops as on {cost_model.device.name}")
     else:
         tracer = Tracer(warmup=warmup, iters=iters, on_iteration=progress)
+    tracer.rank_wait_s = rank_wait
     args = list(script_args or [])
     completed = False
     try:

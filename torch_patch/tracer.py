@@ -26,6 +26,7 @@ import hashlib
 import os
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -82,6 +83,10 @@ def _global_rank(func: Any, args: tuple[Any, ...], peer_arg: int) -> int:
         return rank
     group = torch._C._distributed_c10d.ProcessGroup.unbox(args[names.index("process_group")])
     return rank if group is dist.group.WORLD else dist.get_global_rank(group, rank)
+
+
+RANK_WAIT_S = 120.0  # NOTE [ Ranks out of step ]
+RANK_WAIT_NOTICE_S = 20.0
 
 
 class IrregularIterations(TeraioError):
@@ -247,6 +252,9 @@ class Tracer(OpStream):
         self.groups: dict[str, list[tuple[int, Tables]]] = {}  # shape -> (iteration, tables)
         self.skipped: list[dict[str, Any]] = []  # {"iteration", "reason"} of those not kept
         self.first: Tables | None = None  # iteration 0
+        self._boundary_at: float | None = None  # time.monotonic() at the last boundary
+        self._longest_s = 0.0  # the longest time from one boundary to the next so far
+        self.rank_wait_s = RANK_WAIT_S  # NOTE [ Ranks out of step ]
         self.first_carried: dict[int, int] = {}  # steady id -> its id in iteration 1, made in 0
         self._rec: _Iteration | None = None
         self._t0 = time.perf_counter_ns()
@@ -483,6 +491,10 @@ class Tracer(OpStream):
         self._written = set()
 
     def end_iteration(self) -> None:
+        now = time.monotonic()
+        if self._boundary_at is not None:
+            self._longest_s = max(self._longest_s, now - self._boundary_at)
+        self._boundary_at = now
         self._fingerprints()
         rec = self._rec
         recorded = self.iteration >= self.warmup
@@ -524,8 +536,39 @@ class Tracer(OpStream):
         prefix = f"teraio/profile/{self.iteration}"
         store.set(f"{prefix}/{self.rank}", status)
         keys = [f"{prefix}/{r}" for r in range(self.world_size)]
-        store.wait(keys)
+        self._wait_for_ranks(store, keys)
         return [store.get(k).decode() for k in keys]
+
+    # NOTE [ Ranks out of step ]: the ranks meet at each boundary only if each does the same
+    # steps. One that runs out of data first (DDP's ``join()`` with uneven inputs: it then
+    # shadows the others' all-reduces, stepping no optimizer) or does more steps than the others
+    # never comes, while it may itself wait for this rank in a collective: the job would hang
+    # until the process group's timeout (30 minutes on gloo), then blame the script. So a rank
+    # waits for the others' word at most ``rank_wait_s`` (`teraio profile --rank-wait`), or 10
+    # times its longest step if that is longer (ranks in step arrive within about one optimizer
+    # step of each other), saying after RANK_WAIT_NOTICE_S why it waits, and then stops the job
+    # with an error naming who is late.
+    def _wait_for_ranks(self, store: Any, keys: list[str]) -> None:
+        limit_s = max(self.rank_wait_s, 10 * self._longest_s)
+        start, pause, noticed = time.monotonic(), 0.0005, False
+        while not store.check(keys):
+            waited_s = time.monotonic() - start
+            late = ", ".join(str(r) for r, k in enumerate(keys) if not store.check([k]))
+            if waited_s > limit_s:
+                raise IrregularIterations(
+                    f"rank {self.rank} waited {waited_s:.0f} s at the end of iteration {self.iteration} "
+                    f"for rank {late}, which has not ended its iteration {self.iteration}: the ranks do not "
+                    "step together (a rank that ran out of data, as with DDP's join() and uneven inputs, "
+                    "or one that steps more often than the others?); a profile needs every rank to take "
+                    "the same steps until it has its warmup + iters iterations")
+            if waited_s > min(RANK_WAIT_NOTICE_S, limit_s / 2) and not noticed:
+                noticed = True
+                warnings.warn(f"teraio: rank {self.rank} has waited {waited_s:.0f} s at the end of iteration "
+                              f"{self.iteration} for rank {late} (NOTE [ Ranks out of step ] in "
+                              f"torch_patch/tracer.py); it stops the job after {limit_s:.0f} s",
+                              stacklevel=1)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
 
     def _keep(self, tables: Tables, summary: IterationSummary) -> str:
         """File a recorded iteration by its shape (NOTE [ Steady iterations ]); ``done`` once

@@ -182,3 +182,39 @@ def test_a_rank_that_dies_ends_the_job_at_once_naming_it_and_leaves_no_swap_file
     assert last.startswith("teraio: error: rank 1 failed (killed by SIGKILL)"), r.stderr[-3000:]
     assert len(losses(r.stdout)) < 8 and took < 60
     assert not list(swap.glob("teraio-swap-*")), list(swap.iterdir())
+
+
+UNEVEN = """
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+ddp = DDP(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)))
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+with ddp.join():  # rank 1 runs out of data after 2 steps and shadows rank 0's all-reduces
+    for _ in range(8 if rank == 0 else 2):
+        loss = ddp(torch.randn(4, 8)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_that_do_not_step_together_stop_the_profile_with_an_error_naming_the_late_one(
+        tmp_path: Path) -> None:
+    """DDP's join() with uneven inputs: rank 1 stops stepping while rank 0 waits for it at an
+    iteration's end (NOTE [ Ranks out of step ] in torch_patch.tracer). The job used to hang
+    for the process group's timeout (30 minutes); it now stops after --rank-wait seconds."""
+    script = tmp_path / "uneven.py"
+    script.write_text(UNEVEN)
+    t0 = time.monotonic()
+    r = teraio("profile", "--nproc", "2", "--rank-wait", "3", script, "--out", tmp_path / "profile",
+               "--iters", "3", cwd=tmp_path)
+    assert r.returncode != 0 and time.monotonic() - t0 < 60
+    assert "rank 0 has waited" in r.stderr and "for rank 1" in r.stderr, r.stderr[-3000:]
+    assert re.search(r"rank 0 waited \d+ s at the end of iteration 2 for rank 1, which has not ended its "
+                     r"iteration 2: the ranks do not step together", r.stderr), r.stderr[-3000:]
+    assert not (tmp_path / "profile").exists()
