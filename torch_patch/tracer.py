@@ -144,18 +144,34 @@ def _kept_tensors(group: list[Tables]) -> pd.DataFrame:
     rows = pd.concat([t for _, t, _ in group], ignore_index=True)
     first = rows.drop_duplicates("tensor_id").set_index("tensor_id")
     first["size_bytes"] = rows.groupby("tensor_id")["size_bytes"].max()
-    life = rows.groupby("tensor_id")[["alloc_op", "free_op"]].agg(["min", "max", "nunique"])
-    differs = (life[("alloc_op", "nunique")] > 1) | (life[("free_op", "nunique")] > 1)
-    if differs.any():
-        ids = life.index[differs]
-        alloc_min, free_min = life.loc[ids, ("alloc_op", "min")], life.loc[ids, ("free_op", "min")]
-        free_max = life.loc[ids, ("free_op", "max")]
-        alive_throughout = (alloc_min < 0) | (free_min < 0) | (free_min <= life.loc[ids, ("alloc_op", "max")])
-        first.loc[ids, "alloc_op"] = np.where(alive_throughout, -1, alloc_min)
-        first.loc[ids, "free_op"] = np.where(alive_throughout, -1, free_max)
-        first.loc[ids, "persistent"] = alive_throughout
+    life = rows.groupby("tensor_id")[["alloc_op", "free_op"]].nunique()
+    ids = life.index[(life["alloc_op"] > 1) | (life["free_op"] > 1)]
+    if len(ids):
+        alloc, free = _widest_lifetimes(rows[rows["tensor_id"].isin(ids)])
+        first.loc[alloc.index, "alloc_op"] = alloc
+        first.loc[free.index, "free_op"] = free
+        first.loc[ids, "persistent"] = (alloc < 0) & (free < 0) | (alloc >= 0) & (free >= 0) & (free <= alloc)
     first["resizable"] = rows.groupby("tensor_id")["resizable"].all()
     return first.reset_index()[list(rows.columns)].sort_values("tensor_id", ignore_index=True)
+
+
+def _widest_lifetimes(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """(alloc_op, free_op) by tensor id: one lifetime that holds each of ``rows``' lifetimes of
+    that id (NOTE [ Wrapping lifetimes ] in profiles.schema). A storage made late in each
+    iteration and freed early in the next (a variable carried over the boundary: MAML's fast
+    weights) stays a wrapping lifetime from its earliest making to its latest free, not one
+    alive throughout: its making is an allocation the runtime must wait for room for."""
+    alloc, free = rows["alloc_op"], rows["free_op"]
+    wraps = (alloc >= 0) & (free >= 0) & (free <= alloc)
+    by = rows.assign(whole=(alloc < 0) & (free < 0), at_start=(alloc < 0) | wraps, at_end=(free < 0) | wraps,
+                     made=alloc.where(alloc >= 0), freed=free.where(free >= 0)).groupby("tensor_id")
+    whole, at_start, at_end = by["whole"].any(), by["at_start"].any(), by["at_end"].any()
+    made, freed = by["made"].min(), by["freed"].max()  # NaN: never made, never freed in an iteration
+    # alive at the start and at the end: wrapping if the latest free comes by the earliest making
+    whole |= at_start & at_end & ~(freed <= made)
+    new_alloc = made.where(at_end | ~at_start, -1).where(~whole, -1)
+    new_free = freed.where(at_start | ~at_end, -1).where(~whole, -1)
+    return new_alloc.astype(np.int32), new_free.astype(np.int32)
 
 
 def signature_of(op_names: list[str], sizes: dict[int, int]) -> str:
