@@ -22,6 +22,7 @@ profile holds iterations its reader would reject.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import sys
@@ -644,7 +645,12 @@ class Tracer(OpStream):
         carried storage made at the same op and position as one this iteration
         makes is paired with it (in steady state both are that op's output);
         the rest are paired by order, which also maps iteration 0, whose op
-        indices include the script's set-up, onto the steady state. If the old
+        indices include the script's set-up, onto the steady state; where
+        their numbers differ, by order among those of equal sizes (iteration 0
+        may carry fewer: a tensor a script makes after its first step, as a
+        queue's index, is carried from the second on; unpaired, none of
+        iteration 0's was known to the steady plan, which then left them in
+        memory through iteration 1, 12-15% over its budget). If the old
         copy dies before the new one is made, both share the new one's id and
         its lifetime wraps (NOTE [ Wrapping lifetimes ] in ``profiles.schema``);
         if the two overlap (a batch or a model output that lives until the next
@@ -662,6 +668,11 @@ class Tracer(OpStream):
         new = [t for t in new if t not in paired]
         if prev and len(prev) == len(new):
             pairs.update(zip(prev, new, strict=True))
+        elif prev and new:
+            a, b = [rec.carried[t] for t in prev], [self.sizes.get(t, -1) for t in new]
+            for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
+                pairs.update(zip(prev[block.a:block.a + block.size], new[block.b:block.b + block.size],
+                                 strict=True))
         rename = {}
         for old, succ in pairs.items():
             target = succ if rec.frees[old] <= rec.alloc[succ] else succ | CARRIED_FLAG

@@ -350,3 +350,29 @@ def test_a_storage_carried_over_the_boundary_and_freed_at_other_ops_keeps_its_ma
     assert len(row) == 1, rows[rows["size_bytes"] == size]
     assert 0 <= int(row["free_op"].iloc[0]) <= mul and bool(row["persistent"].iloc[0])  # wraps
     assert made_bytes(prof, 0, prof.iterations[0])[mul] >= size
+
+
+def test_what_iteration_0_hands_on_is_mapped_though_later_iterations_carry_more() -> None:
+    """A script that makes a tensor after each step from its first on (a queue's index, used at
+    the next step's start) carries one storage more from iteration 1 on than from iteration 0:
+    iteration 0's carried storages are still paired with their steady ids, by size and order
+    (none was, and the steady plan left them all in memory through iteration 1)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state: dict[str, torch.Tensor | None] = {"index": None, "logits": None}
+
+    def step() -> None:
+        if state["index"] is not None:
+            model.bias.data.index_add_(0, state["index"], torch.ones(8))
+        logits = model(torch.randn(32, 64))  # carried: bound until the next step's forward
+        state["logits"] = None
+        state["logits"] = logits
+        logits.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        state["index"] = torch.arange(8)  # made after the step, so from iteration 1 on
+
+    tracer = trace(step, iters=2, warmup=1)
+    sizes = tracer.profile({}).tensors_of(0).set_index("tensor_id")["size_bytes"]
+    assert 32 * 64 * 4 in {int(sizes.get(steady, 0)) for steady in tracer.first_carried}, tracer.first_carried
