@@ -164,6 +164,11 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
+def _memory_of(storage: torch.UntypedStorage) -> int:
+    """The bytes ``storage`` holds: none on the meta device (as the tracer counts it)."""
+    return 0 if storage.device.type == "meta" else storage.nbytes()
+
+
 class PlanExecutor(OpStream):
     """Carries out ``plan``'s migrations of ``rank``; see the module docstring."""
 
@@ -273,12 +278,12 @@ class PlanExecutor(OpStream):
         sizes = self.sizes
         for tid, t, new in outputs:
             if new:
-                n = t.untyped_storage().nbytes()
+                n = _memory_of(t.untyped_storage())
                 sizes[tid] = n
                 stats.tracked_bytes += n
         for tid, t, _ in inputs:
             if tid not in sizes and (s := self.input_storage(tid, t)) is not None:  # made outside any op
-                n = s.nbytes()
+                n = _memory_of(s)
                 sizes[tid] = n
                 stats.tracked_bytes += n
         if stats.tracked_bytes > stats.peak_tracked_bytes:

@@ -62,6 +62,8 @@ class FakeTracer(Tracer):
     up the modelled op durations (ops run back to back, as on one stream).
     """
 
+    meta_is_memory = True  # fake tensors' storages are meta ones
+
     def __init__(self, cost_model: RooflineCostModel, warmup: int = 1, iters: int = 1,
                  on_iteration: Any = None) -> None:
         super().__init__(warmup=warmup, iters=iters, on_iteration=on_iteration, cuda_timing=False)

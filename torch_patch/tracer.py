@@ -405,10 +405,19 @@ class Tracer(OpStream):
                 acc_tid.append(tid)
                 acc_kind.append(_WRITE)
 
+    # A storage on the meta device has a size and no memory (a module skeleton that
+    # ``torch.func.functional_call`` runs with real weights): it counts as empty. Under fake mode
+    # (torch_patch.fake) every storage is a meta one standing for the device's memory.
+    meta_is_memory = False
+
+    def _bytes(self, storage: torch.UntypedStorage) -> int:
+        """The memory ``storage`` holds."""
+        return 0 if storage.device.type == "meta" and not self.meta_is_memory else storage.nbytes()
+
     def _note(self, tid: int, t: torch.Tensor, storage: torch.UntypedStorage | None) -> None:
         """Size, dtype and resizability of ``tid``, whose storage is ``storage`` (None: an input's
         storage gone during its op, ``input_storage``, counted as empty)."""
-        self.sizes[tid] = storage.nbytes() if storage is not None else 0
+        self.sizes[tid] = self._bytes(storage) if storage is not None else 0
         self.dtypes[tid] = str(t.dtype).removeprefix("torch.")
         self.resizable[tid] = storage is not None and self.movable(storage)
 
@@ -428,7 +437,7 @@ class Tracer(OpStream):
         # Each storage at its size now; one freed in place (FSDP2's unsharded parameters between
         # uses) at the size it was noted at. A carried id recurs every iteration for another
         # storage (profiles.ids), so the size noted under it may be an earlier one's.
-        live = {tid: s.nbytes() if s.nbytes() or s not in self.foreign else self.sizes.get(tid, 0)
+        live = {tid: self._bytes(s) if s.nbytes() or s not in self.foreign else self.sizes.get(tid, 0)
                 for tid, s in self.ids.live().items()}
         self.sizes.update(live)
         self._rec = _Iteration(live)

@@ -376,3 +376,29 @@ def test_what_iteration_0_hands_on_is_mapped_though_later_iterations_carry_more(
     tracer = trace(step, iters=2, warmup=1)
     sizes = tracer.profile({}).tensors_of(0).set_index("tensor_id")["size_bytes"]
     assert 32 * 64 * 4 in {int(sizes.get(steady, 0)) for steady in tracer.first_carried}, tracer.first_carried
+
+
+def test_storages_on_the_meta_device_hold_no_memory() -> None:
+    """A module skeleton on the meta device (``torch.func.functional_call`` runs it with real
+    weights) has sizes and no memory: its parameters' rows are empty, the real weights' are not
+    (they counted, and the profiled peak was 153,640 bytes too high for the compat script)."""
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(64, 512)
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in net.named_parameters()}
+    skeleton = net.to("meta")
+    opt = torch.optim.SGD(list(params.values()), lr=0.1)
+
+    def step() -> None:
+        functional_call(skeleton, params, (torch.randn(8, 64),)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    tracer = Tracer(warmup=1, iters=2)
+    with pytest.raises(ProfileComplete), tracer:
+        for _ in range(6):
+            step()
+    rows = tracer.profile({}).tensors_of(0).set_index("name")["size_bytes"]
+    assert rows["weight"] == 0 and rows["bias"] == 0, rows
+    assert rows["opt0.group0.param0"] == 64 * 512 * 4
