@@ -270,7 +270,7 @@ class Tracer(OpStream):
         self.skipped: list[dict[str, Any]] = []  # {"iteration", "reason"} of those not kept
         self.first: Tables | None = None  # iteration 0
         self._boundary_at: float | None = None  # time.monotonic() at the last boundary
-        self._longest_s = 0.0  # the longest time from one boundary to the next so far
+        self._longest_s = 0.0  # the longest step so far: from one boundary to the next
         self.rank_wait_s = RANK_WAIT_S  # NOTE [ Ranks out of step ]
         self.first_carried: dict[int, int] = {}  # steady id -> its id in iteration 1, made in 0
         self._rec: _Iteration | None = None
@@ -541,6 +541,7 @@ class Tracer(OpStream):
         if not recorded:
             return
         statuses = self._agree(status)
+        self._boundary_at = time.monotonic()  # a wait for the others is not this rank's step
         if statuses[self.rank] == "irregular":
             raise IrregularIterations(self.irregular_message() or "the recorded iterations are not alike")
         if "irregular" in statuses:
