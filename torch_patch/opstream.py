@@ -16,7 +16,12 @@ thread rebuilds each batch from shared memory when it arrives, and batches
 arrive early or late; a new epoch seeds its sampler). Those ops run uncounted
 (``uncounted``), on the training thread only, so a batch is a storage born
 outside the traced ops: it gets an input id where an op first uses it, the
-same every step.
+same every step. What those ops read, though, no plan may move: an in-memory
+data set (a ``TensorDataset``) is read by every step's loading, which the
+profile does not count, so its storages are others' to manage
+(``_loading_reads``): the plan of iteration 0 had a data set out after its
+making, the first batch brought it back, and the iteration went 27% over its
+budget.
 
 NOTE [ Compiled code ]: a ``TorchDispatchMode`` does not see inside compiled
 (inductor) graphs; while one is active, ``torch.compile``d code runs eagerly.
@@ -205,6 +210,7 @@ class OpStream(TorchDispatchMode):
         self._explicit = False
         self._num_long = 0  # long-lived unnamed storages numbered so far (profiles.ids)
         self.uncounted = 0  # above 0: ops pass through uncounted (torch_patch.fake, data loading)
+        self.loading = 0  # above 0: inside a DataLoader's own code (NOTE [ Data loading is not counted ])
         self.compiled: list[str] = []  # NOTE [ Compiled code ]
         # storages others manage: never planned nor freed (NOTE [ Storages others resize ],
         # NOTE [ DLPack exports ], NOTE [ Communication hooks ])
@@ -277,6 +283,8 @@ class OpStream(TorchDispatchMode):
         if info.skip:
             return func(*args, **kwargs)
         if self.uncounted:
+            if self.loading:
+                self._loading_reads(args, kwargs)
             return self.run_uncounted(func, args, kwargs)
         index = self.op_index
         self.op_index = index + 1
@@ -585,12 +593,26 @@ class OpStream(TorchDispatchMode):
             if threading.get_ident() != stream._thread:
                 return method(*args, **kwargs)
             stream.uncounted += 1
+            stream.loading += 1
             try:
                 return method(*args, **kwargs)
             finally:
                 stream.uncounted -= 1
+                stream.loading -= 1
 
         return uncounted
+
+    def _loading_reads(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The storages a DataLoader's uncounted op reads (an in-memory data set it indexes every
+        step) are others' to manage (NOTE [ Data loading is not counted ])."""
+        for a in (*args, *kwargs.values()):
+            for b in a if isinstance(a, (list, tuple)) else (a,):
+                if isinstance(b, _Tensor):
+                    for t in (b,) if b.layout is torch.strided else parts(b):
+                        storage = _local(t).untyped_storage()
+                        if storage not in self.foreign:
+                            self.bring_back(storage)
+                            self._others_manage(storage)
 
     # NOTE [ Storages others resize ] (and those exported: NOTE [ DLPack exports ]): FSDP2
     # frees and refills each parameter's unsharded storage with ``untyped_storage().resize_``,
