@@ -17,7 +17,7 @@ class InfeasibleBudgetError(TeraioError, ValueError):
         super().__init__(
             f"op {op_index} ({op_name}) needs {need_bytes:,} bytes ({need_bytes / gib:.2f} GiB) "
             f"resident at once ({active_bytes:,} bytes of its own inputs and outputs{inside}, the rest "
-            f"tensors that are never idle there), more than the capacity {capacity_bytes:,} bytes "
+            f"tensors that are never idle there or that cannot move), more than the capacity {capacity_bytes:,} bytes "
             f"({capacity_bytes / gib:.2f} GiB); the smallest capacity any plan can meet is {need_bytes:,} "
             f"bytes: raise --gpu-mem to that (`--gpu-mem min` plans at it) or shrink the batch"
         )

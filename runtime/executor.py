@@ -378,9 +378,9 @@ class PlanExecutor(OpStream):
             what = self._describe(tid, name)
             self.stats.not_resizable.append(what)
             self._warn_once("fixed", f"{what} cannot be freed in place (its memory belongs to numpy, "
-                            "shared memory or DLPack, another library resizes it, as FSDP2 does its "
-                            "unsharded parameters, or it has none: the meta device), so it stays in memory; "
-                            "so does every such tensor")
+                            "shared memory, DLPack or a file torch.load mapped (mmap=True), another "
+                            "library resizes it, as FSDP2 does its unsharded parameters, or it has none: "
+                            "the meta device), so it stays in memory; so does every such tensor")
             return
         if tid in self.copies:
             self._drop_copy(tid)

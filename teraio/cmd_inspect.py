@@ -70,9 +70,15 @@ def summarize(profile: Any, rank: int = 0) -> dict[str, Any]:
         first_mem = memory_curve(profile.first, rank)
         first = {"num_ops": len(first_mem), "peak_bytes": int(first_mem.max()) if len(first_mem) else 0,
                  "iteration_time_us": iteration_time_us(profile.first, rank)}
+    fixed = tensors[~tensors["resizable"]] if "resizable" in tensors else tensors.iloc[:0]
     return {
         "first_iteration": first,
         "written_unseen": written_unseen(profile, rank),  # NOTE [ Writes teraio cannot see ]
+        # storages no plan moves (docs/formats.md, ``resizable``): how many, their bytes, the largest
+        "fixed": {"count": len(fixed), "bytes": int(fixed["size_bytes"].sum()),
+                  "largest": [{"tensor_id": int(r.tensor_id), "name": r.name if isinstance(r.name, str) else None,
+                               "kind": r.kind, "size_bytes": int(r.size_bytes)}
+                              for r in fixed.nlargest(3, "size_bytes").itertuples()]},
         "profile": str(profile.path),
         "mode": profile.meta.get("mode"),
         "device": profile.meta.get("device_name"),
@@ -245,6 +251,11 @@ def _print(s: dict[str, Any]) -> None:
         names = s["written_unseen"]
         print(f"written unseen {len(names)} named tensors ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}) "
               "changed with no op teraio saw writing them: plans move no named tensor")
+    if s["fixed"]["count"]:
+        largest = ", ".join(f"{t['name'] or t['tensor_id']} ({t['kind']}, {_mib(t['size_bytes'])})"
+                            for t in s["fixed"]["largest"])
+        print(f"cannot move    {s['fixed']['count']:,} storages, {_mib(s['fixed']['bytes'])} (largest: {largest}): "
+              "memory teraio cannot free in place, or that others manage (docs/formats.md, resizable)")
     if s["first_iteration"] is not None:
         f = s["first_iteration"]
         print(f"iteration 0    {f['num_ops']:,} ops (set-up, optimizer state made), peak memory "

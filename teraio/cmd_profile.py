@@ -272,9 +272,10 @@ def profile(
              "`teraio run` runs iterations like it on demand")
     not_resizable = int((~prof.tensors["resizable"]).sum())
     if not_resizable:
-        info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory or DLPack "
-             "memory, memory handed out through DLPack, a DDP communication hook's, or written where "
-             "teraio cannot see): they stay in memory")
+        info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory, DLPack or "
+             "torch.load(mmap=True) memory, memory handed out through DLPack, a DDP communication "
+             "hook's, what data loading reads, or written where teraio cannot see): they stay in "
+             "memory; `teraio inspect` lists them")
     if tracer.num_unseen_unnamed:  # NOTE [ Writes teraio cannot see ] in torch_patch/tracer.py
         info(f"{tracer.num_unseen_unnamed} tensors that no model or optimizer names (a batch "
              "buffer filled again each step, say) changed between steps with no op that teraio saw "

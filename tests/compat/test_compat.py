@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from tests.compat import harness
 from tests.compat.harness import SCRIPTS, Outcome, assert_identical, assert_within_budget, compare
 from tests.conftest import run_teraio
 
@@ -84,6 +85,23 @@ def test_an_in_memory_data_set_is_counted_once_and_never_moved(tmp_path: Path) -
     assert teraio.report["first_iteration_peak_bytes"] <= 1.05 * teraio.report["first_iteration_budget_bytes"]
 
 
+def test_a_run_resumed_from_a_checkpoint_moves_the_loaded_state(tmp_path: Path) -> None:
+    """The optimizer's state loaded with torch.load (which ``Optimizer.load_state_dict`` keeps)
+    is PyTorch's own memory under teraio, which a plan may move (NOTE [ Loaded storages ] in
+    torch_patch.opstream: the checkpoint reader's storages cannot be freed in place, and every
+    Adam moment stayed in memory)."""
+    checkpoint = tmp_path / "checkpoint.pt"
+    harness.plain(SCRIPTS / "resume.py", ["--steps", "2"], tmp_path / "first")
+    (tmp_path / "first" / "plain.pt").rename(checkpoint)
+    plain_run, teraio = compare(SCRIPTS / "resume.py", ["--resume", str(checkpoint)], tmp_path, share="min")
+    assert_pattern_held(plain_run, teraio, tmp_path)
+    tensors = pq.read_table(tmp_path / "teraio" / "profile" / "tensors.parquet").to_pandas()
+    state = tensors[tensors["kind"] == "optimizer_state"]
+    assert len(state) == 18 and state["resizable"].all(), state[~state["resizable"]]
+    assert teraio.plan is not None
+    assert {m["tensor_id"] for m in teraio.plan["ranks"]["0"]} & set(state["tensor_id"]), "no moment moved"
+
+
 def test_numpy_batches_that_cannot_be_freed_are_planned_around(tmp_path: Path) -> None:
     """The numpy-batches pattern: ``torch.from_numpy`` batches cannot be resized (freed in
     place): the profile says so, the plan never moves them, and the run is bit-identical."""
@@ -92,6 +110,8 @@ def test_numpy_batches_that_cannot_be_freed_are_planned_around(tmp_path: Path) -
     tensors = pq.read_table(tmp_path / "teraio" / "profile" / "tensors.parquet").to_pandas()
     fixed = set(tensors["tensor_id"][~tensors["resizable"]])
     assert len(fixed) >= 2 and (tensors["kind"][~tensors["resizable"]] == "input").all()
+    shown = run_teraio("inspect", tmp_path / "teraio" / "profile")
+    assert shown.returncode == 0 and f"cannot move    {len(fixed)} storages" in shown.stdout, shown.stdout
     assert teraio.plan is not None
     assert not {m["tensor_id"] for m in teraio.plan["ranks"]["0"]} & fixed
     assert teraio.report is not None and teraio.report["not_resizable"] == []
