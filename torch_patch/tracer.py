@@ -223,11 +223,13 @@ _Ids = frozenset[tuple[int, int]]
 
 
 def _kept_in_memory(tensors: pd.DataFrame, unseen: set[tuple[int, int]], iteration: int,
-                    aligned: dict[int, int]) -> pd.DataFrame:
+                    aligned: dict[int, int], long: dict[int, int]) -> pd.DataFrame:
     """The tensors table of ``iteration`` with the storages written where teraio cannot see
     marked not resizable (never moved): ``unseen`` holds their (iteration, tensor id) pairs,
-    ``aligned`` the renames of its carried ids in its tables (NOTE [ Writes teraio cannot see ])."""
+    ``aligned`` the renames of its carried ids in its tables (NOTE [ Writes teraio cannot
+    see ]), ``long`` the long ids its flagged ones took at its end (NOTE [ Kept for good ])."""
     ids = [aligned.get(tid, tid) for it, tid in unseen if it == iteration]
+    ids += [long[tid] for tid in ids if tid in long]
     if not ids:
         return tensors
     return tensors.assign(resizable=tensors["resizable"] & ~tensors["tensor_id"].isin(ids))
@@ -608,9 +610,9 @@ class Tracer(OpStream):
         group = self.groups.setdefault(_shape_key(tables), [])
         group.append((self.iteration, tables))
         if len(group) >= self.iters:
-            named = [(it, self._named_for_good(it, t)) for it, t in group]
-            tensors = _kept_tensors([t for _, t in named])
-            self.done = [(k, tensors, a) for _, (k, _, a) in named]
+            once = [(it, self._counted_once(it, t)) for it, t in group]
+            tensors = _kept_tensors([t for _, t in once])
+            self.done = [(k, tensors, a) for _, (k, _, a) in once]
             kept = {it for it, _ in group}
             self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only}
                             for g in self.groups.values() for it, t in g if it not in kept
@@ -626,28 +628,26 @@ class Tracer(OpStream):
         return "more"
 
     # NOTE [ Kept for good ]: a storage made before iteration k and still alive at its end (a
-    # data set made before the loop) is carried into k under a flagged id and becomes long-lived
-    # at k's end (NOTE [ Carried storages ], profiles.ids). Kept iterations must name it alike:
-    # iteration 1 named it by its flag and iteration 2 by its long id, and a profile of both (the
-    # default --warmup 1) counted it twice (a 16 MiB tensor held before the loop raised the
-    # profiled peak from 19 to 35 MiB). So a kept iteration's tables name such storages by the
-    # long ids they took at its end (``_long``), and iteration 0's plan hands them on under
-    # those ids (``first_carried``).
+    # data set made before the loop; DDP's buckets, made anew in iteration 1) is carried into k
+    # under a flagged id and becomes long-lived at k's end (NOTE [ Carried storages ],
+    # profiles.ids), so two kept iterations name it two ways: a profile of iterations 1 and 2 (the
+    # default --warmup 1) counted a 16 MiB tensor held from before the loop twice (peak 35 MiB
+    # against 19). Its row under the flagged id counts no bytes in iteration k: it is counted
+    # once, under its long id, and never moved (the plan, made of iteration k's accesses, would
+    # name it by the flagged id, which a run's later iterations no longer give it).
     def renamed(self, new_ids: dict[int, int]) -> None:
-        long = {old: new for old, new in new_ids.items() if old & CARRIED_FLAG and LONG_BASE <= new < CARRIED_FLAG}
-        self._long[self.iteration] = long
-        if self.iteration == 1:
-            self.first_carried.update({new: old for old, new in long.items()})
+        self._long[self.iteration] = {old: new for old, new in new_ids.items()
+                                      if old & CARRIED_FLAG and LONG_BASE <= new < CARRIED_FLAG}
 
-    def _named_for_good(self, iteration: int, tables: Tables) -> Tables:
-        """``tables`` of ``iteration`` with the storages that became long-lived at its end under
-        their long ids (NOTE [ Kept for good ])."""
+    def _counted_once(self, iteration: int, tables: Tables) -> Tables:
+        """``tables`` of ``iteration`` with no bytes for the storages that became long-lived at
+        its end (NOTE [ Kept for good ])."""
         long = self._long.get(iteration)
         if not long:
             return tables
         kernels, tensors, accesses = tables
-        return (kernels, tensors.assign(tensor_id=tensors["tensor_id"].replace(long)),
-                accesses.assign(tensor_id=accesses["tensor_id"].replace(long)))
+        gone = tensors["tensor_id"].isin(list(long))
+        return kernels, tensors.assign(size_bytes=tensors["size_bytes"].where(~gone, 0)), accesses
 
     def irregular_message(self) -> str | None:
         """Why the recorded iterations are not alike, and what to do; None if they are."""
@@ -802,10 +802,8 @@ class Tracer(OpStream):
             raise RuntimeError("no iteration recorded")
         kernels = pd.concat([d[0] for d in self.done], ignore_index=True)
         i0 = int(self.done[0][0]["iteration"].iloc[0])
-        long = self._long.get(i0, {})
-        aligned = {t: long.get(a, a) for t, a in self._aligned.get(i0, {}).items()} | \
-            {t: n for t, n in long.items() if t not in self._aligned.get(i0, {})}
-        tensors = _kept_in_memory(self.done[0][1], self._unseen_at, i0, aligned)
+        tensors = _kept_in_memory(self.done[0][1], self._unseen_at, i0, self._aligned.get(i0, {}),
+                                  self._long.get(i0, {}))
         accesses = pd.concat([d[2] for d in self.done], ignore_index=True)
         k0 = self.done[0][0]
         sizes = dict(zip(tensors["tensor_id"], tensors["size_bytes"], strict=True))
@@ -832,7 +830,7 @@ class Tracer(OpStream):
         first = None
         if self.first is not None:
             k, t, a = self.first
-            t = _kept_in_memory(t, self._unseen_at, 0, self._aligned.get(0, {}))
+            t = _kept_in_memory(t, self._unseen_at, 0, self._aligned.get(0, {}), {})
             signature = signature_of(k["op_name"].tolist(), dict(zip(t["tensor_id"], t["size_bytes"], strict=True)))
             carried = {str(new): old for new, old in sorted(self.first_carried.items())}
             first = Profile(meta={

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from profiles.ids import CARRIED_FLAG
 from tests.compat import harness
 from tests.compat.harness import SCRIPTS, Outcome, assert_identical, assert_within_budget, compare
 from tests.conftest import run_teraio
@@ -172,7 +173,8 @@ def test_batch_buffers_a_thread_fills_stay_in_memory(buffers: int, tmp_path: Pat
     assert_pattern_held(plain, teraio, tmp_path)
     assert f"{2 * buffers} tensors that no model or optimizer names" in teraio.profile_stderr
     tensors = pq.read_table(tmp_path / "teraio" / "profile" / "tensors.parquet").to_pandas()
-    fixed = tensors[~tensors["resizable"]]
+    # the buffers, under the long ids they have from iteration 2 on (NOTE [ Kept for good ])
+    fixed = tensors[~tensors["resizable"] & (tensors["tensor_id"] < CARRIED_FLAG)]
     assert sorted(fixed["size_bytes"]) == sorted([256 * 128 * 4] * buffers + [256 * 8] * buffers)
     assert teraio.plan is not None
     assert not {m["tensor_id"] for m in teraio.plan["ranks"]["0"]} & set(fixed["tensor_id"])
