@@ -58,7 +58,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_patch.identity import (
     CARRIED_FLAG,
@@ -206,7 +206,7 @@ def _own_storages(loaded: Any) -> None:
             seen.add(id(obj))
             stack.extend(obj.state_dict(keep_vars=True).values())
     copies: dict[int, torch.UntypedStorage] = {}
-    with _disable_current_modes(), torch.no_grad():
+    with torch.no_grad():  # ops the stream sees, as torch.load's own: its memory is counted
         for t in tensors:
             if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout is not torch.strided \
                     or t.device.type != "cpu":
@@ -214,10 +214,11 @@ def _own_storages(loaded: Any) -> None:
             storage = t.untyped_storage()
             if storage.resizable() or not storage.nbytes() or storage.is_shared():
                 continue
-            own = copies.get(storage._cdata)
-            if own is None:
-                own = copies[storage._cdata] = torch.UntypedStorage(storage.nbytes()).copy_(storage)
-            t.set_(own, t.storage_offset(), t.size(), t.stride())
+            if storage._cdata not in copies:
+                own = torch.empty(storage.nbytes(), dtype=torch.uint8)
+                own.copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+                copies[storage._cdata] = own.untyped_storage()
+            t.set_(copies[storage._cdata], t.storage_offset(), t.size(), t.stride())
 
 
 class OpStream(TorchDispatchMode):
@@ -707,7 +708,7 @@ class OpStream(TorchDispatchMode):
     # Adam moment stayed in memory for the whole run: a resumed script's smallest plan was 4.5
     # MiB against 3.0 MiB for the same script started afresh. So under teraio each such storage is
     # copied into one of PyTorch's own as it is loaded (one copy of the checkpoint's bytes; views
-    # and tensors sharing a storage still share it), with no op counted. Not so with
+    # and tensors sharing a storage still share it), by ops the stream sees. Not so with
     # ``mmap=True``: memory mapped from the file is what the option is for, and stays in memory.
     def _owning_loads(self, load: Any) -> Any:
         stream = self

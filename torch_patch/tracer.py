@@ -223,13 +223,11 @@ _Ids = frozenset[tuple[int, int]]
 
 
 def _kept_in_memory(tensors: pd.DataFrame, unseen: set[tuple[int, int]], iteration: int,
-                    aligned: dict[int, int], long: dict[int, int]) -> pd.DataFrame:
+                    aligned: dict[int, int]) -> pd.DataFrame:
     """The tensors table of ``iteration`` with the storages written where teraio cannot see
     marked not resizable (never moved): ``unseen`` holds their (iteration, tensor id) pairs,
-    ``aligned`` the renames of its carried ids in its tables (NOTE [ Writes teraio cannot
-    see ]), ``long`` the long ids its flagged ones took at its end (NOTE [ Kept for good ])."""
+    ``aligned`` the renames of its carried ids in its tables (NOTE [ Writes teraio cannot see ])."""
     ids = [aligned.get(tid, tid) for it, tid in unseen if it == iteration]
-    ids += [long[tid] for tid in ids if tid in long]
     if not ids:
         return tensors
     return tensors.assign(resizable=tensors["resizable"] & ~tensors["tensor_id"].isin(ids))
@@ -275,7 +273,6 @@ class Tracer(OpStream):
         self._longest_s = 0.0  # the longest step so far: from one boundary to the next
         self.rank_wait_s = RANK_WAIT_S  # NOTE [ Ranks out of step ]
         self.first_carried: dict[int, int] = {}  # steady id -> its id in iteration 1, made in 0
-        self._long: dict[int, dict[int, int]] = {}  # iteration -> its flagged ids made long at its end
         self._rec: _Iteration | None = None
         self._t0 = time.perf_counter_ns()
         self._now = time.perf_counter_ns
@@ -610,9 +607,8 @@ class Tracer(OpStream):
         group = self.groups.setdefault(_shape_key(tables), [])
         group.append((self.iteration, tables))
         if len(group) >= self.iters:
-            once = [(it, self._counted_once(it, t)) for it, t in group]
-            tensors = _kept_tensors([t for _, t in once])
-            self.done = [(k, tensors, a) for _, (k, _, a) in once]
+            tensors = _kept_tensors([t for _, t in group])
+            self.done = [(k, tensors, a) for _, (k, _, a) in group]
             kept = {it for it, _ in group}
             self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only}
                             for g in self.groups.values() for it, t in g if it not in kept
@@ -626,28 +622,6 @@ class Tracer(OpStream):
         if sum(len(g) for g in self.groups.values()) - len(biggest) > self.max_skipped:
             return "irregular"
         return "more"
-
-    # NOTE [ Kept for good ]: a storage made before iteration k and still alive at its end (a
-    # data set made before the loop; DDP's buckets, made anew in iteration 1) is carried into k
-    # under a flagged id and becomes long-lived at k's end (NOTE [ Carried storages ],
-    # profiles.ids), so two kept iterations name it two ways: a profile of iterations 1 and 2 (the
-    # default --warmup 1) counted a 16 MiB tensor held from before the loop twice (peak 35 MiB
-    # against 19). Its row under the flagged id counts no bytes in iteration k: it is counted
-    # once, under its long id, and never moved (the plan, made of iteration k's accesses, would
-    # name it by the flagged id, which a run's later iterations no longer give it).
-    def renamed(self, new_ids: dict[int, int]) -> None:
-        self._long[self.iteration] = {old: new for old, new in new_ids.items()
-                                      if old & CARRIED_FLAG and LONG_BASE <= new < CARRIED_FLAG}
-
-    def _counted_once(self, iteration: int, tables: Tables) -> Tables:
-        """``tables`` of ``iteration`` with no bytes for the storages that became long-lived at
-        its end (NOTE [ Kept for good ])."""
-        long = self._long.get(iteration)
-        if not long:
-            return tables
-        kernels, tensors, accesses = tables
-        gone = tensors["tensor_id"].isin(list(long))
-        return kernels, tensors.assign(size_bytes=tensors["size_bytes"].where(~gone, 0)), accesses
 
     def irregular_message(self) -> str | None:
         """Why the recorded iterations are not alike, and what to do; None if they are."""
@@ -686,8 +660,8 @@ class Tracer(OpStream):
         makes is paired with it (in steady state both are that op's output);
         the rest are paired by order, which also maps iteration 0, whose op
         indices include the script's set-up, onto the steady state; where
-        their numbers differ, by order among those of equal sizes (iteration 0
-        may carry fewer: a tensor a script makes after its first step, as a
+        their numbers differ in iteration 1, by order among those of equal sizes
+        (iteration 0 may carry fewer: a tensor a script makes after its first step, as a
         queue's index, is carried from the second on; unpaired, none of
         iteration 0's was known to the steady plan, which then left them in
         memory through iteration 1, 12-15% over its budget). If the old
@@ -708,7 +682,7 @@ class Tracer(OpStream):
         new = [t for t in new if t not in paired]
         if prev and len(prev) == len(new):
             pairs.update(zip(prev, new, strict=True))
-        elif prev and new:
+        elif prev and new and self.iteration == 1:  # (later ones: frees on gloo's thread vary)
             a, b = [rec.carried[t] for t in prev], [self.sizes.get(t, -1) for t in new]
             for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
                 pairs.update(zip(prev[block.a:block.a + block.size], new[block.b:block.b + block.size],
@@ -802,8 +776,7 @@ class Tracer(OpStream):
             raise RuntimeError("no iteration recorded")
         kernels = pd.concat([d[0] for d in self.done], ignore_index=True)
         i0 = int(self.done[0][0]["iteration"].iloc[0])
-        tensors = _kept_in_memory(self.done[0][1], self._unseen_at, i0, self._aligned.get(i0, {}),
-                                  self._long.get(i0, {}))
+        tensors = _kept_in_memory(self.done[0][1], self._unseen_at, i0, self._aligned.get(i0, {}))
         accesses = pd.concat([d[2] for d in self.done], ignore_index=True)
         k0 = self.done[0][0]
         sizes = dict(zip(tensors["tensor_id"], tensors["size_bytes"], strict=True))
@@ -830,7 +803,7 @@ class Tracer(OpStream):
         first = None
         if self.first is not None:
             k, t, a = self.first
-            t = _kept_in_memory(t, self._unseen_at, 0, self._aligned.get(0, {}), {})
+            t = _kept_in_memory(t, self._unseen_at, 0, self._aligned.get(0, {}))
             signature = signature_of(k["op_name"].tolist(), dict(zip(t["tensor_id"], t["size_bytes"], strict=True)))
             carried = {str(new): old for new, old in sorted(self.first_carried.items())}
             first = Profile(meta={
