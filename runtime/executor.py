@@ -211,8 +211,31 @@ class PlanExecutor(OpStream):
         self._held: dict[int, int] = {}  # id(storage) -> reads on other threads keeping it in memory
 
     # ---- per op ----------------------------------------------------------------
+    # NOTE [ Forked children ]: a process forked from the training process (a multiprocessing
+    # producer that runs the model on batches made before it) inherits the executor as it was: its
+    # records, the jobs done and not yet drained, the parent's swap directory, and none of its I/O
+    # threads. Following the plan there waited for ever on a job no thread would finish, or,
+    # draining the parent's finished writes, deleted swap files the parent then could not read
+    # back. So in a forked child the executor does nothing: ops run as they are, frees and
+    # boundaries change no record, and an op on a tensor teraio had out of memory at the fork
+    # stops the child with an error saying so (its bytes are in files only the parent reads).
+    # DataLoader workers never get here: their ops are not counted.
+    def _forked(self) -> bool:
+        return os.getpid() != self._pid
+
     def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                inputs: list[tuple[int, torch.Tensor, bool]]) -> Any:
+        if self._forked():
+            out = [self._describe(tid) for tid, _, _ in inputs
+                   if (e := self.moved.get(tid)) is not None and e.state is not Residency.OFFLOADING]
+            if out:
+                raise RuntimeError(
+                    f"teraio: {func} in a process forked from the training process (pid {self._pid}) "
+                    f"reads {', '.join(out[:3])}, which teraio had moved out of memory when it forked; "
+                    "only the training process can bring it back: start that process with the "
+                    "'spawn' method, or before training begins (NOTE [ Forked children ] in "
+                    "runtime/executor.py)")
+            return func(*args, **kwargs)
         with self._lock:
             self._before_op(index, func, inputs)
         return func(*args, **kwargs)
@@ -247,7 +270,7 @@ class PlanExecutor(OpStream):
     def run_uncounted(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An uncounted op (data loading) still never touches a freed storage, nor leaves a kept
         copy of a storage it may write (its schema is not looked at: any it touches)."""
-        if self.moved or self.copies:
+        if (self.moved or self.copies) and not self._forked():
             with self._lock:
                 self._before_uncounted(args, kwargs)
         return func(*args, **kwargs)
@@ -274,6 +297,8 @@ class PlanExecutor(OpStream):
     @_locked
     def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+        if self._forked():
+            return
         stats = self.stats
         sizes = self.sizes
         for tid, t, new in outputs:
@@ -291,6 +316,8 @@ class PlanExecutor(OpStream):
 
     @_locked
     def on_free(self, tensor_id: int) -> None:
+        if self._forked():
+            return
         if tensor_id in self.copies:
             self._drop_copy(tensor_id)
         entry = self.moved.pop(tensor_id, None)
@@ -839,7 +866,8 @@ class PlanExecutor(OpStream):
     # ---- iterations ----------------------------------------------------------------
     @_locked
     def _boundary(self) -> None:  # end_iteration, renaming, begin_iteration: seen whole elsewhere
-        super()._boundary()
+        if not self._forked():
+            super()._boundary()
 
     def renamed(self, new_ids: dict[int, int]) -> None:
         # Persistent storages get their names at a boundary and carried ones a flag

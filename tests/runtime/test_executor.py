@@ -295,6 +295,43 @@ def test_a_first_iteration_that_differs_goes_on_on_demand(plan: Plan) -> None:
     assert ex.matched_iterations == 4
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_a_forked_child_reading_what_is_out_stops_itself_and_the_parent_loses_nothing(
+        plan: Plan, tmp_path: Path) -> None:
+    """A process forked mid-step (a producer that runs the model on batches) inherits the
+    executor with none of its I/O threads (NOTE [ Forked children ]): an op on the first layer's
+    weight, which this plan has out between forward and backward, stops the child with an
+    error that says so (it hung on a job no thread would finish, or deleted the parent's swap
+    files draining its finished writes), and the parent trains on bit-identically."""
+    codes: list[int] = []
+
+    def fork_and_read(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        if step != 2:
+            return
+        pid = os.fork()
+        if pid == 0:  # the child: the weight is out (an error) or still being written (its bytes)
+            code = 3
+            try:
+                code = 0 if torch.isfinite(model[0].weight.sum()) else 2
+            except RuntimeError as exc:
+                code = 1 if "forked from the training process" in str(exc) else 4
+            finally:
+                os._exit(code)
+        for _ in range(300):  # at most 30 s: a child that hangs fails the test
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes.append(os.waitstatus_to_exitcode(status))
+                return
+            threading.Event().wait(0.1)
+        os.kill(pid, 9)
+        codes.append(-9)
+
+    plain = train(5)
+    with offload(plan, swap_dir=tmp_path, backend="posix"):
+        assert same(train(5, save_at=fork_and_read), plain)
+    assert codes and codes[0] in (0, 1), codes
+
+
 def test_deleted_swap_file_is_a_named_error(plan: Plan, tmp_path: Path) -> None:
     def delete_swap_files(step: int) -> None:
         if step == 3:
