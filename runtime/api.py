@@ -150,14 +150,17 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
         try:
             # as the exit's restore: a signal waits until what is still out is kept, the report
             # written and the error naming the kept files raised (then it carries that error)
+            # (NOTE [ Forked children ]: the parent's engine, swap files and report are not a
+            # forked child's to close)
             with signals_held():
-                if engine is not None:
-                    engine.close()
-                kept = _close_backends(executor, backends)
-                if report is not None and executor is not None:
-                    write_report(report, executor, run_plan, time.perf_counter() - t0)
-                if kept is not None:
-                    raise kept from ended_by
+                if executor is None or not executor.forked():
+                    if engine is not None:
+                        engine.close()
+                    kept = _close_backends(executor, backends)
+                    if report is not None and executor is not None:
+                        write_report(report, executor, run_plan, time.perf_counter() - t0)
+                    if kept is not None:
+                        raise kept from ended_by
         finally:
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)

@@ -164,6 +164,13 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
+def _storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # storage-less tensors (mkldnn)
+        return None
+
+
 def _memory_of(storage: torch.UntypedStorage) -> int:
     """The bytes ``storage`` holds: none on the meta device (as the tracer counts it)."""
     return 0 if storage.device.type == "meta" else storage.nbytes()
@@ -220,21 +227,14 @@ class PlanExecutor(OpStream):
     # boundaries change no record, and an op on a tensor teraio had out of memory at the fork
     # stops the child with an error saying so (its bytes are in files only the parent reads).
     # DataLoader workers never get here: their ops are not counted.
-    def _forked(self) -> bool:
+    def forked(self) -> bool:
+        """Whether this is a process forked from the training process."""
         return os.getpid() != self._pid
 
     def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                inputs: list[tuple[int, torch.Tensor, bool]]) -> Any:
-        if self._forked():
-            out = [self._describe(tid) for tid, _, _ in inputs
-                   if (e := self.moved.get(tid)) is not None and e.state is not Residency.OFFLOADING]
-            if out:
-                raise RuntimeError(
-                    f"teraio: {func} in a process forked from the training process (pid {self._pid}) "
-                    f"reads {', '.join(out[:3])}, which teraio had moved out of memory when it forked; "
-                    "only the training process can bring it back: start that process with the "
-                    "'spawn' method, or before training begins (NOTE [ Forked children ] in "
-                    "runtime/executor.py)")
+        if self.forked():
+            self._out_in_child([self.ids.storage(tid) for tid, _, _ in inputs], str(func))
             return func(*args, **kwargs)
         with self._lock:
             self._before_op(index, func, inputs)
@@ -270,7 +270,9 @@ class PlanExecutor(OpStream):
     def run_uncounted(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An uncounted op (data loading) still never touches a freed storage, nor leaves a kept
         copy of a storage it may write (its schema is not looked at: any it touches)."""
-        if (self.moved or self.copies) and not self._forked():
+        if self.forked():
+            self._out_in_child([_storage_of(t) for t in _tensors(args, kwargs)], str(func))
+        elif self.moved or self.copies:
             with self._lock:
                 self._before_uncounted(args, kwargs)
         return func(*args, **kwargs)
@@ -287,8 +289,23 @@ class PlanExecutor(OpStream):
             if tid is not None and tid in self.copies:
                 self._drop_copy(tid, written_over=True)
 
+    def _out_in_child(self, storages: list[torch.UntypedStorage | None], what: str) -> None:
+        """In a forked child: raise if any of ``storages`` was out of memory at the fork
+        (NOTE [ Forked children ])."""
+        out = [self._describe(tid) for s in storages if s is not None and (tid := self.ids.get(s)) is not None
+               and (e := self.moved.get(tid)) is not None and e.state is not Residency.OFFLOADING]
+        if out:
+            raise RuntimeError(
+                f"teraio: {what} in a process forked from the training process (pid {self._pid}) "
+                f"reads {', '.join(out[:3])}, which teraio had moved out of memory when it forked; "
+                "only the training process can bring it back: start that process with the 'spawn' "
+                "method, or before training begins (NOTE [ Forked children ] in runtime/executor.py)")
+
     @_locked
     def bring_back(self, storage: torch.UntypedStorage) -> None:
+        if self.forked():
+            self._out_in_child([storage], "a read outside any op")
+            return
         tid = self.ids.get(storage)
         entry = self.moved.get(tid) if tid is not None else None
         if tid is not None and entry is not None:
@@ -297,7 +314,7 @@ class PlanExecutor(OpStream):
     @_locked
     def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
-        if self._forked():
+        if self.forked():
             return
         stats = self.stats
         sizes = self.sizes
@@ -316,7 +333,7 @@ class PlanExecutor(OpStream):
 
     @_locked
     def on_free(self, tensor_id: int) -> None:
-        if self._forked():
+        if self.forked():
             return
         if tensor_id in self.copies:
             self._drop_copy(tensor_id)
@@ -866,7 +883,7 @@ class PlanExecutor(OpStream):
     # ---- iterations ----------------------------------------------------------------
     @_locked
     def _boundary(self) -> None:  # end_iteration, renaming, begin_iteration: seen whole elsewhere
-        if not self._forked():
+        if not self.forked():
             super()._boundary()
 
     def renamed(self, new_ids: dict[int, int]) -> None:
@@ -994,6 +1011,9 @@ class PlanExecutor(OpStream):
         """Bring every tensor back; those that cannot be stay in ``moved``, their errors in
         ``restore_errors`` (``runtime.api.offload`` keeps their bytes and names them)."""
         self.restore_errors: list[StorageIOError] = []
+        if self.forked():  # the parent's records and files are not a forked child's to touch
+            super().__exit__(*exc)
+            return
         try:
             with signals_held(), self._lock:
                 self._drain(self.restore_errors)

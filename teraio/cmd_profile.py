@@ -232,6 +232,8 @@ def profile(
         fail(f"{script} failed (exit status {exc.exit_code}){hint}; no profile written", exc.exit_code)
     except KeyboardInterrupt:
         fail("interrupted; no profile written", 130)
+    if completed:
+        _stop_children()
     if not completed:
         seen = tracer.iteration
         irregular = tracer.irregular_message()
@@ -294,6 +296,22 @@ def profile(
         if prof is None:
             return
     _write(prof, out_dir)
+
+
+def _stop_children() -> None:
+    """The processes the script started, stopped: the profile stopped the script mid-loop, so
+    none of them is read to its end, and Python waited at exit, for ever, for a non-daemon
+    producer blocked on a full queue."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    if children:
+        info(f"stopping {len(children)} process{'es' if len(children) > 1 else ''} the script started "
+             f"({', '.join(c.name for c in children[:3])}): the script was stopped mid-loop")
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.join(10)
 
 
 def _write(prof: Any, out_dir: Path) -> None:

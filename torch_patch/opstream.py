@@ -186,39 +186,18 @@ def _op_info(func: Any) -> OpInfo:
     return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer)
 
 
-def _own_storages(loaded: Any) -> None:
-    """The CPU tensors in ``loaded`` (containers, modules) on storages PyTorch can resize,
-    copied there where they are not (NOTE [ Loaded storages ])."""
-    tensors, stack, seen = [], [loaded], set()
-    while stack:
-        obj = stack.pop()
-        if isinstance(obj, torch.Tensor):
-            tensors.append(obj)
-        elif id(obj) in seen:
-            continue
-        elif isinstance(obj, dict):
-            seen.add(id(obj))
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple, set)):
-            seen.add(id(obj))
-            stack.extend(obj)
-        elif isinstance(obj, torch.nn.Module):
-            seen.add(id(obj))
-            stack.extend(obj.state_dict(keep_vars=True).values())
-    copies: dict[int, torch.UntypedStorage] = {}
-    with torch.no_grad():  # ops the stream sees, as torch.load's own: its memory is counted
-        for t in tensors:
-            if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout is not torch.strided \
-                    or t.device.type != "cpu":
-                continue
-            storage = t.untyped_storage()
-            if storage.resizable() or not storage.nbytes() or storage.is_shared():
-                continue
-            if storage._cdata not in copies:
-                own = torch.empty(storage.nbytes(), dtype=torch.uint8)
-                own.copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
-                copies[storage._cdata] = own.untyped_storage()
-            t.set_(copies[storage._cdata], t.storage_offset(), t.size(), t.stride())
+_loads = threading.local()  # ``owning``: inside a torch.load whose storages teraio owns
+
+
+def _owned(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """``storage``, or, if it is CPU memory PyTorch cannot resize (a checkpoint reader's), a copy
+    in PyTorch's own, made by ops the stream sees (NOTE [ Loaded storages ])."""
+    if storage.device.type != "cpu" or storage.resizable() or not storage.nbytes() or storage.is_shared():
+        return storage
+    with torch.no_grad():
+        own = torch.empty(storage.nbytes(), dtype=torch.uint8)
+        own.copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+    return own.untyped_storage()
 
 
 class OpStream(TorchDispatchMode):
@@ -602,6 +581,8 @@ class OpStream(TorchDispatchMode):
             self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
             for owner in (torch, torch.serialization):  # NOTE [ Loaded storages ]
                 self._patch(owner, "load", self._owning_loads)
+            if hasattr(torch.serialization, "_get_restore_location"):
+                self._patch(torch.serialization, "_get_restore_location", self._owning_restores)
             self._patch(DistributedDataParallel, "register_comm_hook", self._hooking)
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
@@ -707,24 +688,43 @@ class OpStream(TorchDispatchMode):
     # usual resume (``Optimizer.load_state_dict`` keeps the loaded tensors as they are), every
     # Adam moment stayed in memory for the whole run: a resumed script's smallest plan was 4.5
     # MiB against 3.0 MiB for the same script started afresh. So under teraio each such storage is
-    # copied into one of PyTorch's own as it is loaded (one copy of the checkpoint's bytes; views
-    # and tensors sharing a storage still share it), by ops the stream sees. Not so with
-    # ``mmap=True``: memory mapped from the file is what the option is for, and stays in memory.
+    # copied into one of PyTorch's own as torch.load reads it, before any tensor is built on it
+    # (one copy of the checkpoint's bytes; views and shared storages share the copy), by ops the
+    # stream sees. Not so with ``mmap=True``: memory mapped from the file is what the option is
+    # for, and stays in memory.
     def _owning_loads(self, load: Any) -> Any:
         stream = self
 
         def load_(*args: Any, **kwargs: Any) -> Any:
-            out = load(*args, **kwargs)
             mmap = kwargs.get("mmap")
             if mmap is None:
-                from torch.utils.serialization import config
-
-                mmap = config.load.mmap
-            if not mmap and os.getpid() == stream._pid:
-                _own_storages(out)
-            return out
+                try:
+                    from torch.utils.serialization import config
+                except ImportError:  # older torch: mmap only when asked
+                    mmap = False
+                else:
+                    mmap = config.load.mmap
+            before = getattr(_loads, "owning", False)
+            _loads.owning = not mmap and os.getpid() == stream._pid
+            try:
+                return load(*args, **kwargs)
+            finally:
+                _loads.owning = before
 
         return load_
+
+    def _owning_restores(self, get_restore_location: Any) -> Any:
+        """torch.load's per-storage hook (``map_location`` made a function), with the storage
+        it gives owned (``_owned``) inside an owning load: every tensor and storage of the
+        checkpoint is then built on the copy, views and shared storages alike."""
+
+        def restore_location_of(map_location: Any) -> Any:
+            restore = get_restore_location(map_location)
+            if not getattr(_loads, "owning", False):
+                return restore
+            return lambda storage, location: _owned(restore(storage, location))
+
+        return restore_location_of
 
     def _others_manage(self, storage: torch.UntypedStorage) -> None:
         """``storage`` is someone else's to manage from now on: never planned nor freed."""
@@ -784,8 +784,7 @@ class OpStream(TorchDispatchMode):
     @contextlib.contextmanager
     def _resident(self, tensor: torch.Tensor) -> Iterator[None]:
         """``tensor``'s storage in memory for the body: brought back on the training thread,
-        brought back and kept in on another (NOTE [ Reads on other threads ] in runtime.executor);
-        the runtime's records are not a forked DataLoader worker's to change."""
+        brought back and kept in on another (NOTE [ Reads on other threads ] in runtime.executor)."""
         t = _local(tensor)
         while is_functorch_wrapped_tensor(t):  # inside torch.func.grad, vmap, jacrev
             t = get_unwrapped(t)
@@ -793,11 +792,11 @@ class OpStream(TorchDispatchMode):
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # a subclass with no storage of its own
             storage = None
-        if storage is None or os.getpid() != self._pid:
+        if storage is None:
             yield
-        elif threading.get_ident() == self._thread:
-            self.bring_back(storage)
-            yield
+        elif threading.get_ident() == self._thread or os.getpid() != self._pid:
+            self.bring_back(storage)  # in a forked child it changes no record, and raises if it is
+            yield  # out (NOTE [ Forked children ] in runtime.executor)
         else:
             with self.kept_in([storage]):
                 yield

@@ -532,6 +532,11 @@ class Tracer(OpStream):
                                    num_ops=self.op_index, time_us=None)
         status = "done" if self.done else "more"
         if rec is not None:
+            # a storage that became unmovable since an op noted it (``.numpy()`` of a gradient,
+            # which PyTorch then keeps from resizing) is so in this iteration's rows
+            for tid, storage in self.ids.live().items():
+                if self.resizable.get(tid) and not self.movable(storage):
+                    self.resizable[tid] = False
             tables = self._close(rec)
             self._rec = None
             if self.iteration == 0:
@@ -582,21 +587,25 @@ class Tracer(OpStream):
     def _wait_for_ranks(self, store: Any, keys: list[str]) -> None:
         limit_s = max(self.rank_wait_s, 10 * self._longest_s)
         start, pause, noticed = time.monotonic(), 0.0005, False
+
+        def late() -> str:
+            return ", ".join(str(r) for r, k in enumerate(keys) if not store.check([k]))
+
         while not store.check(keys):
             waited_s = time.monotonic() - start
-            late = ", ".join(str(r) for r, k in enumerate(keys) if not store.check([k]))
             if waited_s > limit_s:
                 raise IrregularIterations(
                     f"rank {self.rank} waited {waited_s:.0f} s at the end of iteration {self.iteration} "
-                    f"for rank {late}, which has not ended its iteration {self.iteration}: the ranks do not "
+                    f"for rank {late()}, which has not ended its iteration {self.iteration}: the ranks do not "
                     "step together (a rank that ran out of data, as with DDP's join() and uneven inputs, "
                     "or one that steps more often than the others?); a profile needs every rank to take "
-                    "the same steps until it has its warmup + iters iterations")
+                    "the same steps until it has its warmup + iters iterations (a long evaluation or "
+                    "save on one rank inside them: raise --rank-wait)")
             if waited_s > min(RANK_WAIT_NOTICE_S, limit_s / 2) and not noticed:
                 noticed = True
                 warnings.warn(f"teraio: rank {self.rank} has waited {waited_s:.0f} s at the end of iteration "
-                              f"{self.iteration} for rank {late} (NOTE [ Ranks out of step ] in "
-                              f"torch_patch/tracer.py); it stops the job after {limit_s:.0f} s",
+                              f"{self.iteration} for rank {late()} (NOTE [ Ranks out of step ] in "
+                              f"torch_patch/tracer.py); it stops the job after {limit_s:.0f} s (--rank-wait)",
                               stacklevel=1)
             time.sleep(pause)
             pause = min(2 * pause, 0.05)

@@ -109,6 +109,42 @@ def test_script_too_short(tmp_path: Path) -> None:
     assert "ended after 2 iterations" in one_line_error(r.stderr)
 
 
+PRODUCER = """
+import multiprocessing as mp
+import torch
+
+
+def produce(q, n):
+    for i in range(n):
+        q.put(torch.full((8, 16), float(i)).numpy())
+    q.put(None)
+
+
+if __name__ == "__main__":
+    q = mp.get_context("spawn").Queue(maxsize=2)  # bounded: the producer blocks while it is full
+    proc = mp.get_context("spawn").Process(target=produce, args=(q, 40))  # not a daemon
+    proc.start()
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    while (x := q.get()) is not None:
+        model(torch.from_numpy(x)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    proc.join()
+"""
+
+
+def test_a_producer_process_the_script_started_does_not_keep_the_profile_waiting(tmp_path: Path) -> None:
+    """The profile stops the script mid-loop, so its producer (a non-daemon process blocked on a
+    full queue) is never read to its end: Python waited for it at exit for ever. It is stopped."""
+    script = tmp_path / "producer.py"
+    script.write_text(PRODUCER)
+    r = run_teraio("profile", script, "--out", tmp_path / "p", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "stopping 1 process the script started" in r.stderr
+    assert (tmp_path / "p" / "meta.json").exists()
+
+
 def test_existing_out_needs_force(tmp_path: Path) -> None:
     (tmp_path / "p").mkdir()
     r = run_teraio("profile", EXAMPLE, "--out", tmp_path / "p")

@@ -44,6 +44,7 @@ PATTERNS = {
     "best-state-deepcopy": ("state_habits.py", ["--habit", "best-state"]),
     "printed-weights": ("print_weights.py", []),
     "functional-call-meta-skeleton": ("meta_skeleton.py", []),
+    "gradient-read-through-numpy": ("numpy_grad_log.py", []),
 }
 
 
