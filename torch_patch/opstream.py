@@ -627,10 +627,7 @@ class OpStream(TorchDispatchMode):
             for b in a if isinstance(a, (list, tuple)) else (a,):
                 if isinstance(b, _Tensor):
                     for t in (b,) if b.layout is torch.strided else parts(b):
-                        storage = _local(t).untyped_storage()
-                        if storage not in self.foreign:
-                            self.bring_back(storage)
-                            self._others_manage(storage)
+                        self._manage_theirs(t)
 
     # NOTE [ Storages others resize ] (and those exported: NOTE [ DLPack exports ]): FSDP2
     # frees and refills each parameter's unsharded storage with ``untyped_storage().resize_``,
@@ -739,8 +736,9 @@ class OpStream(TorchDispatchMode):
     # from before such a write would have brought stale gradients back. So the bucket, and every
     # storage an op inside the hook reads or writes, are others' to manage (as those others
     # resize): brought back first, never planned nor freed. A hook running off the training thread
-    # (CUDA's autograd device threads) is wrapped the same, but its ops are not seen there. Not
-    # caught: DDP's built-in C++ hooks (``_register_builtin_comm_hook``), which teraio cannot wrap.
+    # (CUDA's autograd device threads) has its bucket kept so, but not its ops' tensors (not run
+    # on a GPU yet). Not caught: DDP's built-in C++ hooks (``_register_builtin_comm_hook``), which
+    # teraio cannot wrap.
     def _hooking(self, register: Any) -> Any:
         stream = self
 
@@ -765,10 +763,17 @@ class OpStream(TorchDispatchMode):
     def _hook_touched(self, touched: list[tuple[int, _Tensor, bool]]) -> None:
         """The storages of an op inside a communication hook, which its callbacks may write."""
         for _, t, _ in touched:
+            self._manage_theirs(t)
+
+    def _manage_theirs(self, t: _Tensor) -> None:
+        """``t``'s storage brought back, then others' to manage (``foreign``)."""
+        try:
             storage = _local(t).untyped_storage()
-            if storage not in self.foreign:
-                self.bring_back(storage)
-                self._others_manage(storage)
+        except (RuntimeError, NotImplementedError):  # a tensor with no storage of its own
+            return
+        if storage not in self.foreign:
+            self.bring_back(storage)
+            self._others_manage(storage)
 
     def _reading(self, read: Any) -> Any:
         stream = self
