@@ -279,10 +279,10 @@ class PlanExecutor(OpStream):
 
     def _before_uncounted(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         for tensor in _tensors(args, kwargs):
-            try:
-                tid = self.ids.get(tensor.untyped_storage())
-            except (RuntimeError, NotImplementedError):  # storage-less tensors (mkldnn)
+            storage = _storage_of(tensor)
+            if storage is None:
                 continue
+            tid = self.ids.get(storage)
             entry = self.moved.get(tid) if tid is not None else None
             if tid is not None and entry is not None:
                 self._make_resident(tid, entry)
