@@ -24,7 +24,8 @@ id in ``plan_ids``, which maps it to the storage's id now:
 - after the steady plan: the boundary's own renaming (the iteration's ids were
   the plan's);
 - after iteration 0 followed its own plan to the end: the profile's map of
-  what iteration 0 hands on (``carried_into_next``), whose ids are those of the
+  what iteration 0 hands on (``carried_into_next``, a storage kept for good under
+  its long id: NOTE [ Kept for good ] in ``torch_patch.tracer``), whose ids are those of the
   profiled iteration 0, under the steady id and under that id with the carried
   flag (the name steady iterations give an old copy that overlaps its
   successor, NOTE [ Carried storages ] in ``torch_patch.tracer``), plus

@@ -273,6 +273,7 @@ class Tracer(OpStream):
         self._longest_s = 0.0  # the longest step so far: from one boundary to the next
         self.rank_wait_s = RANK_WAIT_S  # NOTE [ Ranks out of step ]
         self.first_carried: dict[int, int] = {}  # steady id -> its id in iteration 1, made in 0
+        self._long_after_1: dict[int, int] = {}  # iteration 1's flagged ids -> the long ids they took at its end
         self._rec: _Iteration | None = None
         self._t0 = time.perf_counter_ns()
         self._now = time.perf_counter_ns
@@ -616,8 +617,9 @@ class Tracer(OpStream):
         group = self.groups.setdefault(_shape_key(tables), [])
         group.append((self.iteration, tables))
         if len(group) >= self.iters:
-            tensors = _kept_tensors([t for _, t in group])
-            self.done = [(k, tensors, a) for _, (k, _, a) in group]
+            named = [(it, self._named_for_good(t) if it == 1 else t) for it, t in group]
+            tensors = _kept_tensors([t for _, t in named])
+            self.done = [(k, tensors, a) for _, (k, _, a) in named]
             kept = {it for it, _ in group}
             self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only}
                             for g in self.groups.values() for it, t in g if it not in kept
@@ -631,6 +633,33 @@ class Tracer(OpStream):
         if sum(len(g) for g in self.groups.values()) - len(biggest) > self.max_skipped:
             return "irregular"
         return "more"
+
+    # NOTE [ Kept for good ]: a storage alive across two boundaries (a data set or a table made
+    # before the loop, a cache made in the first step) is carried into iteration 1 under a flagged
+    # id and becomes long-lived at its end (NOTE [ Carried storages ], profiles.ids). A default
+    # profile keeps iterations 1 and 2, so it had two rows of it, both alive throughout: a 1 MiB
+    # table counted twice in the peak, and a 16 MiB one raised a script's profiled peak from 19
+    # to 35 MiB. So iteration 1's tables name such storages by their long ids, and iteration 0's
+    # plan hands them on under those ids (``first_carried``: the runtime maps the long id to the
+    # flagged one in iteration 1, NOTE [ Boundaries ] in runtime.boundary). Only iteration 1:
+    # nothing maps the ids of a later one, and a plan that named DDP's buckets (rebuilt in
+    # iteration 1, flagged in 2) by the long ids a run gives them only from iteration 3 on went
+    # 22% over its budget in iteration 2. There the steady plan has them as iteration 2 named them.
+    def renamed(self, new_ids: dict[int, int]) -> None:
+        if self.iteration == 1:
+            self._long_after_1 = {old: new for old, new in new_ids.items()
+                                  if old & CARRIED_FLAG and LONG_BASE <= new < CARRIED_FLAG}
+            self.first_carried.update({new: old for old, new in self._long_after_1.items()})
+
+    def _named_for_good(self, tables: Tables) -> Tables:
+        """Iteration 1's ``tables`` with the storages that became long-lived at its end under
+        their long ids (NOTE [ Kept for good ])."""
+        long = self._long_after_1
+        if not long:
+            return tables
+        kernels, tensors, accesses = tables
+        return (kernels, tensors.assign(tensor_id=tensors["tensor_id"].replace(long)),
+                accesses.assign(tensor_id=accesses["tensor_id"].replace(long)))
 
     def irregular_message(self) -> str | None:
         """Why the recorded iterations are not alike, and what to do; None if they are."""
@@ -785,7 +814,12 @@ class Tracer(OpStream):
             raise RuntimeError("no iteration recorded")
         kernels = pd.concat([d[0] for d in self.done], ignore_index=True)
         i0 = int(self.done[0][0]["iteration"].iloc[0])
-        tensors = _kept_in_memory(self.done[0][1], self._unseen_at, i0, self._aligned.get(i0, {}))
+        aligned = self._aligned.get(i0, {})
+        if i0 == 1:  # NOTE [ Kept for good ]
+            long = self._long_after_1
+            aligned = {t: long.get(a, a) for t, a in aligned.items()} | \
+                {t: n for t, n in long.items() if t not in aligned}
+        tensors = _kept_in_memory(self.done[0][1], self._unseen_at, i0, aligned)
         accesses = pd.concat([d[2] for d in self.done], ignore_index=True)
         k0 = self.done[0][0]
         sizes = dict(zip(tensors["tensor_id"], tensors["size_bytes"], strict=True))
