@@ -67,6 +67,21 @@ def test_zero_runs_the_optimizer_on_the_cpu(prof) -> None:
     assert zero_problem(prof, hw_for(problem, 0.9, host=0))[1] == "zero_infinity"
 
 
+def test_on_a_cpu_profile_no_baseline_steps_faster_than_the_cpu_did(prof) -> None:
+    """A CPU profile's step already ran on the CPU that ZeRO would run it on: its measured time,
+    not a server's CPU-Adam bound (which made every ZeRO baseline faster than keeping everything)."""
+    kernels = prof.kernels.copy()
+    opt = kernels["phase"] == "optimizer"
+    kernels.loc[opt, "duration_us"] *= 1000  # a CPU's step: far from a server's CPU-Adam bound
+    cpu = replace(prof, meta={**prof.meta, "device_type": "cpu"}, kernels=kernels)
+    problem = problem_from_profile(cpu)
+    hw = hw_for(problem, 0.9, host=64 << 30)
+    zp, _ = zero_problem(cpu, hw)
+    assert zp.duration_us[zp.phase == "optimizer"].sum() >= problem.duration_us[problem.phase == "optimizer"].sum()
+    for name, rp in run_baselines(cpu, problem, hw).items():
+        assert rp.sim.iteration_us >= problem.ideal_iteration_us * (1 - 1e-9), name
+
+
 def test_baselines_and_planner_side_by_side(prof) -> None:
     problem = problem_from_profile(prof)
     hw = hw_for(problem, 0.7)
