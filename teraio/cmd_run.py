@@ -16,6 +16,11 @@ from teraio.job import gather, job_place, launch, without_nproc, write_json_part
 __all__ = ["run"]
 
 
+# A followed iteration's tracked peak this far over the plan's budget is said (the runtime itself
+# keeps within about 1%: tests/compat's runs allow 5%)
+_OVER = 1.05
+
+
 def _mib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.1f} MiB"
 
@@ -39,6 +44,16 @@ def _summary(r: dict[str, Any]) -> str:
         its = ", ".join(str(u["iteration"]) for u in r["unfollowed_iterations"])
         lines.append(f"iterations that ran on demand (their ops left the plan): {its}; the peak above "
                      "is that of the iterations that followed it")
+    budget = pred.get("gpu_mem_bytes")
+    above = [(i, p) for i, (p, f) in enumerate(zip(r["iteration_peak_bytes"], r["iteration_followed"], strict=False))
+             if i and f and budget and p > _OVER * budget]
+    if above:
+        its = ", ".join(str(i) for i, _ in above[:8]) + (f" and {len(above) - 8} more" if len(above) > 8 else "")
+        lines.append(f"iterations {its} followed the plan but went over its budget of {_mib(budget)} (up to "
+                     f"{max(p for _, p in above) / budget:.2f}x): the script held memory there that the "
+                     "profiled iterations did not (a checkpoint loaded and kept, an evaluation's results, "
+                     "a history that grows), which no plan counts; profile a stretch of steps that holds "
+                     "it (--warmup), or plan with that much less --gpu-mem")
     if r["compiled"]:
         lines.append(f"torch.compile ({', '.join(r['compiled'])}) ran eagerly under teraio: results "
                      "match the eager model's")

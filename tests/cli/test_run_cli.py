@@ -230,3 +230,43 @@ def test_tensors_written_where_teraio_cannot_see_stay_in_memory(tmp_path: Path) 
     r = run_teraio("run", "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path, script, "--", "8")
     assert r.returncode == 0, r.stderr
     assert losses(r.stdout) == losses(plain.stdout) and len(losses(r.stdout)) == 8
+
+
+KEEPS_MORE_LATER = '''
+import sys
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                            torch.nn.ReLU(), torch.nn.Linear(1024, 8))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+gen = torch.Generator().manual_seed(0)
+for step in range(int(sys.argv[1])):
+    if step == 4:  # a snapshot kept from here on, as a script keeps its best weights
+        best = [p.detach().clone() for p in model.parameters()]
+    loss = model(torch.randn(64, 256, generator=gen)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"step {step} loss {loss.item()!r}", flush=True)
+'''
+
+
+def test_memory_the_profile_did_not_see_is_said(tmp_path: Path) -> None:
+    """A script that comes to hold memory after the profiled iterations (a snapshot of its
+    weights from step 4 on) goes over the plan's budget in iterations that follow the plan:
+    `teraio run` says which, by how much and why, rather than leaving it to the report."""
+    script = tmp_path / "keeps_more_later.py"
+    script.write_text(KEEPS_MORE_LATER)
+    r = run_teraio("profile", script, "--out", tmp_path / "profile", "--", "3")
+    assert r.returncode == 0, r.stderr
+    r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", "50%", "--ssd-bw", "2", "--host-mem", "64M",
+                   "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path, "--backend", "posix",
+                   "--report", tmp_path / "run.json", script, "--", "7")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["iteration_followed"][5:] == [True, True], report["iteration_followed"]
+    said = re.search(r"iterations ([\d, ]+) followed the plan but went over its budget", r.stderr)
+    assert said and said.group(1).split(", ")[-2:] == ["5", "6"], r.stderr
