@@ -30,7 +30,10 @@ id in ``plan_ids``, which maps it to the storage's id now:
   flag (the name steady iterations give an old copy that overlaps its
   successor, NOTE [ Carried storages ] in ``torch_patch.tracer``), plus
   gradients by their names;
-- after an iteration run on demand: gradients by their names only; its other
+- after an iteration run on demand: gradients by their names, and long-lived
+  storages by their long ids, which every iteration gives them alike (a feature
+  bank made before the loop; left unmapped, the bank the plan has out stayed in,
+  and the iteration after an evaluation went 1.72x over its budget); its other
   transient ids mean nothing to the plan.
 """
 
@@ -41,7 +44,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from planner.plan import Migration, Plan
-from profiles.ids import CARRIED_FLAG, PRODUCED_BASE
+from profiles.ids import CARRIED_FLAG, LONG_BASE, PRODUCED_BASE
 
 __all__ = ["Boundary", "Ending", "Schedule", "at_boundary"]
 
@@ -109,7 +112,8 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
     send_out: list[tuple[int, Migration]] = []
     stays_out: set[int] = set()
     for m in plan.out_at_boundary(rank):
-        now: int | None = m.tensor_id if m.tensor_id < PRODUCED_BASE else plan_ids.get(m.tensor_id)
+        tid = m.tensor_id
+        now = tid if tid < PRODUCED_BASE else plan_ids.get(tid, tid if LONG_BASE <= tid < CARRIED_FLAG else None)
         if now is not None and now in out:
             stays_out.add(now)
         elif now is not None and live_bytes(now) == m.size_bytes:

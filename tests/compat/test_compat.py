@@ -98,6 +98,17 @@ def test_tensors_made_before_the_loop_are_counted_once(tmp_path: Path) -> None:
     assert teraio.report is not None and teraio.report["iteration_followed"][1]
 
 
+def test_after_an_evaluation_a_bank_made_before_the_loop_goes_out_again(tmp_path: Path) -> None:
+    """The iteration with the evaluation runs on demand; at the boundary after it, the bank the
+    plan has out is found by its long id and sent out (NOTE [ Boundaries ] in runtime.boundary),
+    so the next iteration follows the plan within the budget (it went 1.72x over)."""
+    plain, teraio = compare(SCRIPTS / "bank_and_eval.py", [], tmp_path, share="min")
+    assert_identical(plain, teraio)
+    assert teraio.report is not None
+    assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [4]
+    assert_within_budget(teraio)
+
+
 def test_a_run_resumed_from_a_checkpoint_moves_the_loaded_state(tmp_path: Path) -> None:
     """The optimizer's state loaded with torch.load (which ``Optimizer.load_state_dict`` keeps)
     is PyTorch's own memory under teraio, which a plan may move (NOTE [ Loaded storages ] in

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from planner.plan import Migration, Plan
-from profiles.ids import CARRIED_FLAG, produced_id
+from profiles.ids import CARRIED_FLAG, long_id, produced_id
 from runtime.boundary import Ending, Schedule, at_boundary
 from tests.conftest import ROOT
 
@@ -75,6 +75,21 @@ def test_what_is_out_already_stays_out_and_another_size_is_left_alone() -> None:
                     out={STATE})
     assert b.send_out == () and b.bring_back == ()
     assert GRAD not in b.plan_ids  # later events of the plan's gradient must not find it
+
+
+def test_after_an_iteration_on_demand_a_long_lived_storage_is_found_by_its_long_id() -> None:
+    """A storage kept for good (a feature bank made before the loop) has its long id in every
+    iteration: the plan has it out across the boundary, so it goes out, or stays out."""
+    bank = long_id(0)
+    p = plan()
+    p = Plan(signature=p.signature, parameters=p.parameters, summary={}, op_names=p.op_names,
+             made_bytes=p.made_bytes, migrations={0: [*p.migrations[0], migration(bank, "offload", 9, size=64),
+                                                      migration(bank, "prefetch", 2, size=64)]})
+    live = {bank: 64, STATE: 100}
+    b = at_boundary(p, 0, Ending.ON_DEMAND, renamed={}, names={}, live_bytes=sizes(live), out=set())
+    assert (bank, bank) in [(now, m.tensor_id) for now, m in b.send_out]
+    b = at_boundary(p, 0, Ending.ON_DEMAND, renamed={}, names={}, live_bytes=sizes(live), out={bank})
+    assert bank not in [now for now, _ in b.send_out] and b.bring_back == ()
 
 
 def test_after_iteration_0_the_profiles_map_names_what_it_hands_on() -> None:
