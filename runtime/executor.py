@@ -949,8 +949,9 @@ class PlanExecutor(OpStream):
                 f"the plan was made for another profile: no iteration follows it ({where}). Profile "
                 "this script with these arguments (`teraio profile`) and plan again")
         self._warn_once("left", f"{where}: the ops left the plan, so this iteration ran on demand "
-                        "(an evaluation, a log line or a checkpoint between steps does this); the plan "
-                        "is followed again from the next iteration whose ops are its own")
+                        "(an evaluation, a log line or a checkpoint between steps does this, and so does a "
+                        "step a loss scaler skipped); the plan is followed again from the next iteration "
+                        "whose ops are its own")
 
     def begin_iteration(self) -> None:
         boundary = at_boundary(

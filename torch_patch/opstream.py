@@ -221,6 +221,7 @@ class OpStream(TorchDispatchMode):
         self._built: list[str] = []
         self._ever_stepped: set[int] = set()  # their numbers
         self._in_optimizer = 0
+        self._steps_seen = 0  # optimizer steps ended so far (NOTE [ Skipped steps ])
         self._explicit = False
         self._num_long = 0  # long-lived unnamed storages numbered so far (profiles.ids)
         self.uncounted = 0  # above 0: ops pass through uncounted (torch_patch.fake, data loading)
@@ -501,13 +502,45 @@ class OpStream(TorchDispatchMode):
 
     def _step_post(self, opt: torch.optim.Optimizer, *_: Any) -> None:
         self._in_optimizer -= 1
+        self._steps_seen += 1
+        with contextlib.suppress(TypeError):
+            self._ever_stepped.add(self._serial.get(opt, -1))
+        self._stepped_now(opt)
+
+    def _stepped_now(self, opt: torch.optim.Optimizer) -> None:
         if self._explicit:
             return
         self._stepped.add(id(opt))
-        with contextlib.suppress(TypeError):
-            self._ever_stepped.add(self._serial.get(opt, -1))
         if all(id(o) in self._stepped for o in self.optimizers()):
             self._boundary()
+
+    # NOTE [ Skipped steps ]: a loss scaler (torch.amp.GradScaler) does not call the optimizer's
+    # step when the gradients overflowed, as they do now and then in fp16 training. No step, no
+    # boundary: the skipped step and the next one ran as one iteration, which left the plan where
+    # the step should have been and ran the next step's forward and backward on demand, at 2x the
+    # budget (an fp16 run on a GPU would have run out of memory there). So a step the scaler skips
+    # ends the iteration as the optimizer's step would have: that iteration leaves the plan only at
+    # its end, short of the step's ops, and the next one follows it. Skips before the optimizer's
+    # first step (a scale that starts too high) still run on into it: iteration 0 is the one that
+    # makes the optimizer's state, as iteration 0's plan has it (ended at the skip, the next
+    # iteration made the state, unlike every plan, at 2.4x the budget).
+    def _scaling(self, step: Any) -> Any:
+        stream = self
+
+        @functools.wraps(step)
+        def scaler_step(scaler: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            seen = stream._steps_seen
+            out = step(scaler, optimizer, *args, **kwargs)
+            if stream._steps_seen == seen and threading.get_ident() == stream._thread:
+                try:
+                    stepped_before = stream._serial.get(optimizer, -1) in stream._ever_stepped
+                except TypeError:  # an optimizer class that is not hashable
+                    stepped_before = True
+                if stepped_before:
+                    stream._stepped_now(optimizer)
+            return out
+
+        return scaler_step
 
     # ---- module paths ---------------------------------------------------------
     def _module_name(self, module: torch.nn.Module) -> str:
@@ -584,6 +617,7 @@ class OpStream(TorchDispatchMode):
             if hasattr(torch.serialization, "_get_restore_location"):
                 self._patch(torch.serialization, "_get_restore_location", self._owning_restores)
             self._patch(DistributedDataParallel, "register_comm_hook", self._hooking)
+            self._patch(torch.amp.GradScaler, "step", self._scaling)  # NOTE [ Skipped steps ]
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
             self._warning_filters = warnings.catch_warnings()

@@ -109,6 +109,20 @@ def test_after_an_evaluation_a_bank_made_before_the_loop_goes_out_again(tmp_path
     assert_within_budget(teraio)
 
 
+def test_a_step_the_loss_scaler_skips_ends_its_iteration(tmp_path: Path) -> None:
+    """fp16 with torch.amp.GradScaler, whose scale overflows now and then: a skipped step ends
+    its iteration as the optimizer's step would have (NOTE [ Skipped steps ] in
+    torch_patch.opstream), so only that iteration leaves the plan, at its end, within the budget;
+    it ran on into the next step's forward and backward on demand, at 2.4x the budget."""
+    plain, teraio = compare(SCRIPTS / "grad_scaler.py", ["--steps", "14"], tmp_path, share="min")
+    assert_identical(plain, teraio)
+    assert teraio.report is not None and teraio.budget is not None
+    skipped = [u["iteration"] for u in teraio.report["unfollowed_iterations"]]
+    assert skipped and all(i > 0 for i in skipped), teraio.report["unfollowed_iterations"]
+    peaks = teraio.report["iteration_peak_bytes"]
+    assert max(peaks) <= 1.05 * teraio.budget, (teraio.budget, peaks)
+
+
 def test_a_run_resumed_from_a_checkpoint_moves_the_loaded_state(tmp_path: Path) -> None:
     """The optimizer's state loaded with torch.load (which ``Optimizer.load_state_dict`` keeps)
     is PyTorch's own memory under teraio, which a plan may move (NOTE [ Loaded storages ] in
