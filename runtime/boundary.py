@@ -92,13 +92,13 @@ class Boundary:
 
 def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, int],
                 names: Mapping[str, int], live_bytes: Callable[[int], int | None],
-                out: Collection[int]) -> Boundary:
+                out: Collection[int], after_first: bool = False) -> Boundary:
     """The boundary before an iteration that follows the steady plan of ``rank``.
 
     ``renamed``: old id -> new id of every storage renamed at this boundary;
     ``names``: persistent name -> id now; ``live_bytes(id)``: the size of the live
     storage with that id now, None if none; ``out``: ids now of the storages that
-    are offloaded or on their way out.
+    are offloaded or on their way out; ``after_first``: the iteration that ended is 0.
     """
     if ending is Ending.STEADY:
         return Boundary({old: new for old, new in renamed.items() if old >= PRODUCED_BASE}, (), ())
@@ -106,6 +106,15 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
     if ending is Ending.FIRST and plan.first is not None:
         for steady, made in plan.first.carried_into_next.get(rank, {}).items():
             plan_ids[steady] = plan_ids[steady | CARRIED_FLAG] = made
+    elif after_first and plan.first is not None:
+        # Iteration 0 ran on demand, so its transient ids may not be the profile's; but a storage
+        # kept for good (NOTE [ Kept for good ] in torch_patch.tracer) has no other name in
+        # iteration 1 than its flagged one: taken where that storage has the plan's size (before,
+        # iteration 1 went 1.55x over its budget with the data set it could not find).
+        sizes = {m.tensor_id: m.size_bytes for m in plan.migrations.get(rank, [])}
+        for steady, made in plan.first.carried_into_next.get(rank, {}).items():
+            if LONG_BASE <= steady < CARRIED_FLAG and steady in sizes and live_bytes(made) == sizes[steady]:
+                plan_ids[steady] = made
     for m in plan.migrations.get(rank, []):
         if m.tensor_id >= PRODUCED_BASE and m.name is not None and m.name in names:
             plan_ids[m.tensor_id] = names[m.name]

@@ -957,7 +957,8 @@ class PlanExecutor(OpStream):
         boundary = at_boundary(
             self.plan, self.rank, self._ending, renamed=self._renamed,
             names={name: tid for tid, (name, _) in self.persistent.items()},
-            live_bytes=self._live_bytes, out={t for t, e in self.moved.items() if not e.touched})
+            live_bytes=self._live_bytes, out={t for t, e in self.moved.items() if not e.touched},
+            after_first=self.iteration == 1)
         self.plan_ids = boundary.plan_ids
         self.schedule = self.steady
         for tid, m in boundary.send_out:

@@ -49,12 +49,14 @@ def _summary(r: dict[str, Any]) -> str:
              if i and f and budget and p > _OVER * budget]
     if above:
         its = ", ".join(str(i) for i, _ in above[:8]) + (f" and {len(above) - 8} more" if len(above) > 8 else "")
-        lines.append(f"iterations {its} followed the plan but went over its budget of {_mib(budget)} (up to "
-                     f"{max(p for _, p in above) / budget:.2f}x): most often memory the script came to hold "
-                     "after the profiled iterations (a checkpoint loaded and kept, an evaluation's results, "
-                     "a history that grows), which no plan counts, or writes slower than the plan's "
-                     "bandwidth (a busy disk); profile a stretch of steps that holds it (--warmup), or plan "
-                     "with that much less --gpu-mem or --ssd-bw")
+        which = f"iteration{'s' if len(above) > 1 else ''} {its}"
+        lines.append(f"{which} followed the plan but went over its budget of {_mib(budget)} (up to "
+                     f"{max(p for _, p in above) / budget:.2f}x). Possible causes: memory the script came to "
+                     "hold after the profiled iterations (a checkpoint loaded and kept, an evaluation's "
+                     "results, a history that grows: profile a stretch of steps that holds it, --warmup, or "
+                     "plan with that much less --gpu-mem); a torch.save of tensors teraio had moved out (they "
+                     "all come back for the save); writes slower than the plan's bandwidth (a busy disk: "
+                     "plan with less --ssd-bw)")
     if r["compiled"]:
         lines.append(f"torch.compile ({', '.join(r['compiled'])}) ran eagerly under teraio: results "
                      "match the eager model's")

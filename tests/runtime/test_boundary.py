@@ -107,6 +107,25 @@ def test_after_iteration_0_the_profiles_map_names_what_it_hands_on() -> None:
     assert BATCH not in b.plan_ids and [tid for tid, _ in b.send_out] == [STATE]
 
 
+def test_after_iteration_0_on_demand_a_storage_kept_for_good_is_found_by_its_size() -> None:
+    """A data set made before the loop is named by its long id in the steady plan and by its
+    flagged id in iteration 1 (NOTE [ Kept for good ] in torch_patch.tracer): after iteration 0
+    ran on demand, the profile's map still finds it, where a storage of the plan's size has
+    the flagged id, and only after iteration 0."""
+    bank, flagged = long_id(0), produced_id(3, 0) | CARRIED_FLAG
+    base = plan({bank: flagged})
+    p = Plan(signature="s", parameters=base.parameters, summary={}, op_names=base.op_names,
+             made_bytes=base.made_bytes, first=base.first,
+             migrations={0: [migration(bank, "offload", 9, size=64), migration(bank, "prefetch", 2, size=64)]})
+    b = at_boundary(p, 0, Ending.ON_DEMAND, renamed={}, names={}, live_bytes=sizes({flagged: 64}), out=set(),
+                    after_first=True)
+    assert b.plan_ids == {bank: flagged} and [tid for tid, _ in b.send_out] == [flagged]
+    for live, after_first in (({flagged: 65}, True), ({flagged: 64}, False)):
+        b = at_boundary(p, 0, Ending.ON_DEMAND, renamed={}, names={}, live_bytes=sizes(live), out=set(),
+                        after_first=after_first)
+        assert bank not in b.plan_ids and b.send_out == ()
+
+
 def test_a_schedule_starts_offloads_before_prefetches_at_one_op() -> None:
     p = plan()
     moves = [migration(1, "prefetch", 2), migration(2, "offload", 2, start=1, end=4)]
