@@ -113,11 +113,6 @@ def keep_copies(problem: PlanProblem, moves: Sequence[Move], host_mem_bytes: flo
     for i in sorted(range(len(out)), key=lambda i: -out[i].size_bytes):
         mv = out[i]
         j = _moved_before(problem, prev, at, mv.period)
-        if j == i and prev[mv.period] == mv.period and not mv.reads_back:
-            # idle throughout (NOTE [ Idle throughout ] in planner.problem): its copy outlives the
-            # period, as the storage does, and its next offload finds it
-            out[i] = replace(mv, keep_copy=True, reuse_copy=True)
-            continue
         if j is None or out[j].target != mv.target or not out[j].reads_back:
             continue
         if mv.target == "host" and not take_host(held, *_kept_span(out[j], mv, n), mv.size_bytes, host_mem_bytes):

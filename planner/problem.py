@@ -32,17 +32,6 @@ kept since that prefetch is still good, so its offload need not write
 anything (NOTE [ Copies kept ] in ``planner.clean``). Parameters read in
 forward and backward are so; gradients accumulated, optimizer state and
 fresh activations are not.
-
-NOTE [ Idle throughout ]: a storage alive through the whole iteration that no op
-of it touches (a held-out set only an evaluation between steps reads, a best
-model's copy kept for the end) has no inactive period between two uses, and
-stayed in memory: a 4 MiB held-out set raised the smallest budget from 12.1 to
-16.1 MiB. It gets one trailing period from op 0 to the end, unchanged: its
-offload writes it the first time and finds it out ever after (the runtime
-starts no offload of a storage that is out; the plan marks it ``reuse_copy``,
-so the simulator and the bound charge no write once a copy exists). An
-evaluation that reads it brings it back; the boundary after it sends it out
-again, as the plan has it out there (NOTE [ Boundaries ] in ``runtime.boundary``).
 """
 
 from __future__ import annotations
@@ -167,18 +156,8 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
     busy = np.array([str(names[k % len(names)]).startswith("c10d.") for k in periods["start_op"]], bool) \
         if len(names) else np.zeros(len(periods), bool)
     periods = periods[(periods["size_bytes"] > 0) & ~periods["tensor_id"].isin(fixed) & ~busy]
-    num_ops = len(kernels)
-    accesses = profile.accesses_of(rank, iteration)
-    idle = tensors[(tensors["alloc_op"] < 0) & (tensors["free_op"] < 0) & (tensors["size_bytes"] > 0)
-                   & ~tensors["tensor_id"].isin(accesses["tensor_id"]) & ~tensors["tensor_id"].isin(fixed)]
-    if num_ops < 4:  # too short for an offload
-        idle = idle[:0]
-    periods = pd.concat([periods, pd.DataFrame({  # NOTE [ Idle throughout ], last
-        "tensor_id": idle["tensor_id"], "size_bytes": idle["size_bytes"], "kind": idle["kind"],
-        "start_op": 0, "end_op": num_ops, "reads_back": False})], ignore_index=True)
-    unchanged = unchanged_periods(periods, accesses, num_ops, tensors)
-    unchanged[len(periods) - len(idle):] = True
     named = tensors[tensors["name"].notna() & tensors["tensor_id"].isin(periods["tensor_id"])]
+    num_ops = len(kernels)
     scratch = op_scratch_bytes(profile, rank, kernels)
     return PlanProblem(
         rank=rank,
@@ -197,7 +176,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
         start_op=periods["start_op"].to_numpy(np.int64),
         end_op=periods["end_op"].to_numpy(np.int64),
         reads_back=periods["reads_back"].to_numpy(bool),
-        unchanged=unchanged,
+        unchanged=unchanged_periods(periods, profile.accesses_of(rank, iteration), num_ops, tensors),
         names=dict(zip(named["tensor_id"].astype(int), named["name"].astype(str), strict=True)),
         peer=kernels["peer"].to_numpy(np.int32) if "peer" in kernels else None,
         scratch_bytes=scratch if scratch.any() else None,

@@ -405,9 +405,7 @@ class _Sim:
         else:
             return  # never offloaded (the first iteration's wrap-around deaths)
         self.state[inst] = _DEAD
-        if self.keep[m] and st == _OUT:  # a storage idle throughout: its copy outlives the period
-            self.kept[self.tensor[m]] = m
-        elif self.host[m]:
+        if self.host[m]:
             self.host_used -= self.size[m]
 
     def _schedule(self) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:

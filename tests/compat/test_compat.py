@@ -11,7 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from profiles.ids import CARRIED_FLAG, LONG_BASE
 from tests.compat import harness
 from tests.compat.harness import SCRIPTS, Outcome, assert_identical, assert_within_budget, compare
 from tests.conftest import run_teraio
@@ -122,21 +121,6 @@ def test_a_step_the_loss_scaler_skips_ends_its_iteration(tmp_path: Path) -> None
     assert skipped and all(i > 0 for i in skipped), teraio.report["unfollowed_iterations"]
     peaks = teraio.report["iteration_peak_bytes"]
     assert max(peaks) <= 1.05 * teraio.budget, (teraio.budget, peaks)
-
-
-def test_a_held_out_set_no_step_touches_goes_out_for_good(tmp_path: Path) -> None:
-    """A held-out set made before the loop and read only by an evaluation after step 3 is idle
-    through every profiled iteration (NOTE [ Idle throughout ] in planner.problem): the plan has
-    it out from op 1 on, written once (it stayed in memory: the smallest budget was 16.1 MiB,
-    now 12.0), and the boundary after the evaluation sends it out again."""
-    plain, teraio = compare(SCRIPTS / "held_out_eval.py", [], tmp_path, share="min")
-    assert_identical(plain, teraio)
-    assert teraio.report is not None and teraio.plan is not None
-    assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [4]
-    assert_within_budget(teraio)
-    held_out = [m for m in teraio.plan["ranks"]["0"]
-                if m["size_bytes"] == 8192 * 128 * 4 and LONG_BASE <= m["tensor_id"] < CARRIED_FLAG]
-    assert [(m["action"], m["period_start_op"], m.get("reuse_copy")) for m in held_out] == [("offload", 0, True)]
 
 
 def test_a_run_resumed_from_a_checkpoint_moves_the_loaded_state(tmp_path: Path) -> None:

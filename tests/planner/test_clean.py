@@ -122,25 +122,3 @@ def test_a_plan_of_weights_larger_than_activations_reuses_their_copies() -> None
     without = simulate(problem, [replace(mv, reuse_copy=False, keep_copy=False) for mv in rp.moves],
                        hw.channel_bw(), hw.gpu_mem_bytes)
     assert rp.sim.bytes_moved["ssd_write"] < without.bytes_moved["ssd_write"]
-
-
-def test_a_storage_idle_throughout_goes_out_once() -> None:
-    """NOTE [ Idle throughout ] in planner.problem: H (1 MiB) is alive all iteration and no op
-    touches it: one trailing period from op 0 to the end, unchanged, whose move keeps its copy
-    past the period's end and reuses it, so only the first iteration writes it."""
-    prof = make_profile([100.0] * 10, [{"tensor_id": 0, "size_bytes": SIZE}, {"tensor_id": 1, "size_bytes": SIZE}],
-                        [(0, 0), (5, 0)], access="read")
-    problem = problem_from_profile(prof)
-    assert problem.unchanged is not None and list(problem.tensor_id).count(1) == 1
-    i = period(problem, 1, 0)
-    assert problem.end_op[i] == 10 and not problem.reads_back[i] and problem.unchanged[i]
-    move = Move(period=i, tensor_id=1, size_bytes=SIZE, target="ssd", start_op=0, end_op=10, offload_trigger=1,
-                offload_deadline=-1, prefetch_trigger=10, prefetch_deadline=10, priority=0, reads_back=False)
-    [kept] = keep_copies(problem, [move], 0)
-    assert kept.keep_copy and kept.reuse_copy
-    bw = dict.fromkeys(("ssd_write", "ssd_read", "host_write", "host_read"), 1e12)
-    assert simulate(problem, [move], bw, np.inf).bytes_moved["ssd_write"] == SIZE  # every iteration
-    sim = simulate(problem, [kept], bw, np.inf)
-    assert sim.bytes_moved["ssd_write"] == 0 and sim.bytes_moved["ssd_read"] == 0
-    assert sim.peak_bytes == SIZE * 2  # at op 0, before the offload: H and the weight
-    assert simulate(problem, [kept], bw, np.inf, num_iterations=1).bytes_moved["ssd_write"] == SIZE
