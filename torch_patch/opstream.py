@@ -21,7 +21,15 @@ data set (a ``TensorDataset``) is read by every step's loading, which the
 profile does not count, so its storages are others' to manage
 (``_loading_reads``): the plan of iteration 0 had a data set out after its
 making, the first batch brought it back, and the iteration went 27% over its
-budget.
+budget. With worker processes, the workers read the data set, in processes
+forked when an epoch's iterator is made: a data set the plan had out there
+stopped the job (NOTE [ Forked children ] in ``runtime.executor``). So before
+a loader with workers makes its iterator, the tensors its data set holds
+(``_held_by``: through attributes, sequences and mappings, as a
+``TensorDataset``, a ``Subset`` or a data set class keeps them) are others' to
+manage too. A tensor the data set reaches any other way (a global its
+``__getitem__`` reads) is not found: a worker that reads it while it is out
+stops with that error.
 
 NOTE [ Compiled code ]: a ``TorchDispatchMode`` does not see inside compiled
 (inductor) graphs; while one is active, ``torch.compile``d code runs eagerly.
@@ -41,9 +49,11 @@ import functools
 import os
 import sys
 import threading
+import types
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -114,6 +124,33 @@ def parts(t: _Tensor) -> tuple[_Tensor, ...]:
     except (RuntimeError, NotImplementedError):
         pass
     return ()
+
+
+_HELD_BY_LIMIT = 100_000  # objects a walk of a data set visits at most (a list of samples)
+
+
+def _held_by(obj: object) -> Iterator[_Tensor]:
+    """The tensors ``obj`` holds through attributes, sequences and mappings, breadth first, four
+    levels deep and at most ``_HELD_BY_LIMIT`` objects (NOTE [ Data loading is not counted ])."""
+    seen: set[int] = set()
+    todo: deque[tuple[object, int]] = deque([(obj, 0)])
+    while todo and len(seen) < _HELD_BY_LIMIT:
+        o, depth = todo.popleft()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, _Tensor):
+            yield o
+            continue
+        if depth >= 4 or isinstance(o, (str, bytes, type, types.ModuleType)):
+            continue
+        if isinstance(o, dict):
+            children: Iterable[object] = o.values()
+        elif isinstance(o, (list, tuple)):
+            children = o
+        else:
+            children = getattr(o, "__dict__", {}).values()
+        todo.extend((c, depth + 1) for c in children)
 
 
 def _forget(names: dict[int, str], ids: list[int]) -> None:
@@ -644,6 +681,10 @@ class OpStream(TorchDispatchMode):
         def uncounted(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != stream._thread:
                 return method(*args, **kwargs)
+            loader = args[0] if args else None
+            if isinstance(loader, _dataloader.DataLoader) and loader.num_workers > 0:
+                for t in _held_by(loader.dataset):  # NOTE [ Data loading is not counted ]
+                    stream._manage_theirs(t)
             stream.uncounted += 1
             stream.loading += 1
             try:
