@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import sys
 import threading
@@ -127,11 +128,13 @@ def parts(t: _Tensor) -> tuple[_Tensor, ...]:
 
 
 _HELD_BY_LIMIT = 100_000  # objects a walk of a data set visits at most (a list of samples)
+_NOT_HOLDING = (str, bytes, int, float, complex, type, types.ModuleType, types.FunctionType, type(None))
 
 
 def _held_by(obj: object) -> Iterator[_Tensor]:
-    """The tensors ``obj`` holds through attributes, sequences and mappings, breadth first, four
-    levels deep and at most ``_HELD_BY_LIMIT`` objects (NOTE [ Data loading is not counted ])."""
+    """The tensors ``obj`` holds through attributes, sequences and mappings, breadth first, eight
+    levels deep, at most ``_HELD_BY_LIMIT`` objects and ten times as many items of one container
+    looked at (a list of token ids: NOTE [ Data loading is not counted ])."""
     seen: set[int] = set()
     todo: deque[tuple[object, int]] = deque([(obj, 0)])
     while todo and len(seen) < _HELD_BY_LIMIT:
@@ -142,7 +145,7 @@ def _held_by(obj: object) -> Iterator[_Tensor]:
         if isinstance(o, _Tensor):
             yield o
             continue
-        if depth >= 4 or isinstance(o, (str, bytes, type, types.ModuleType)):
+        if depth >= 8:
             continue
         if isinstance(o, dict):
             children: Iterable[object] = o.values()
@@ -150,7 +153,8 @@ def _held_by(obj: object) -> Iterator[_Tensor]:
             children = o
         else:
             children = getattr(o, "__dict__", {}).values()
-        todo.extend((c, depth + 1) for c in children)
+        todo.extend((c, depth + 1) for c in itertools.islice(children, 10 * _HELD_BY_LIMIT)
+                    if not isinstance(c, _NOT_HOLDING))
 
 
 def _forget(names: dict[int, str], ids: list[int]) -> None:

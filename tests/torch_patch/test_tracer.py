@@ -431,3 +431,23 @@ def test_a_tensor_made_before_the_loop_is_one_storage_in_every_kept_iteration() 
     steady = int(big["tensor_id"].iloc[0])
     assert steady in tracer.first_carried and tracer.first_carried[steady] & CARRIED_FLAG
     assert memory_curve(prof, 0, prof.iterations[0]).max() < 2 * table.untyped_storage().nbytes()
+
+
+def test_the_tensors_a_data_set_holds_are_found_through_its_wrappers() -> None:
+    """What a DataLoader's workers will read (NOTE [ Data loading is not counted ]): the tensors
+    of a TensorDataset inside a Subset inside a ConcatDataset, and a tensor attribute listed
+    after a long list of token ids."""
+    from torch.utils.data import ConcatDataset, Subset, TensorDataset
+
+    from torch_patch.opstream import _held_by
+
+    a, b, c = torch.ones(4, 2), torch.zeros(4), torch.ones(3)
+    nested = ConcatDataset([Subset(TensorDataset(a, b), [0, 1]), TensorDataset(c)])
+    assert {id(t) for t in _held_by(nested)} == {id(a), id(b), id(c)}
+
+    class Tokens:
+        def __init__(self) -> None:
+            self.ids = list(range(2_000_000))
+            self.table = c
+
+    assert [id(t) for t in _held_by(Tokens())] == [id(c)]
