@@ -423,8 +423,9 @@ class PlanExecutor(OpStream):
             self.stats.not_resizable.append(what)
             self._warn_once("fixed", f"{what} cannot be freed in place (its memory belongs to numpy, "
                             "shared memory, DLPack or a file torch.load mapped (mmap=True), another "
-                            "library resizes it, as FSDP2 does its unsharded parameters, or it has none: "
-                            "the meta device), so it stays in memory; so does every such tensor")
+                            "library resizes it, as FSDP2 does its unsharded parameters, a DataLoader's "
+                            "worker processes read it, or it has none: the meta device), so it stays in "
+                            "memory; so does every such tensor")
             return
         if tid in self.copies:
             self._drop_copy(tid)

@@ -27,9 +27,10 @@ stopped the job (NOTE [ Forked children ] in ``runtime.executor``). So before
 a loader with workers makes its iterator, the tensors its data set holds
 (``_held_by``: through attributes, sequences and mappings, as a
 ``TensorDataset``, a ``Subset`` or a data set class keeps them) are others' to
-manage too. A tensor the data set reaches any other way (a global its
-``__getitem__`` reads) is not found: a worker that reads it while it is out
-stops with that error.
+manage too, on whatever thread makes the iterator (a prefetching thread). A
+tensor the data set reaches any other way (a global its ``__getitem__`` reads,
+one in a set or in ``__slots__``, one past the walk's bounds) is not found: a
+worker that reads it while it is out stops with that error.
 
 NOTE [ Compiled code ]: a ``TorchDispatchMode`` does not see inside compiled
 (inductor) graphs; while one is active, ``torch.compile``d code runs eagerly.
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import itertools
 import os
 import sys
@@ -133,11 +135,12 @@ _NOT_HOLDING = (str, bytes, int, float, complex, type, types.ModuleType, types.F
 
 def _held_by(obj: object) -> Iterator[_Tensor]:
     """The tensors ``obj`` holds through attributes, sequences and mappings, breadth first, eight
-    levels deep, at most ``_HELD_BY_LIMIT`` objects and ten times as many items of one container
-    looked at (a list of token ids: NOTE [ Data loading is not counted ])."""
+    levels deep, at most ``_HELD_BY_LIMIT`` objects visited and ten times as many items looked at
+    in all (a data set of token id lists: NOTE [ Data loading is not counted ])."""
     seen: set[int] = set()
     todo: deque[tuple[object, int]] = deque([(obj, 0)])
-    while todo and len(seen) < _HELD_BY_LIMIT:
+    budget = 10 * _HELD_BY_LIMIT
+    while todo and len(seen) < _HELD_BY_LIMIT:  # with the budget spent, what is queued still counts
         o, depth = todo.popleft()
         if id(o) in seen:
             continue
@@ -152,9 +155,26 @@ def _held_by(obj: object) -> Iterator[_Tensor]:
         elif isinstance(o, (list, tuple)):
             children = o
         else:
-            children = getattr(o, "__dict__", {}).values()
-        todo.extend((c, depth + 1) for c in itertools.islice(children, 10 * _HELD_BY_LIMIT)
-                    if not isinstance(c, _NOT_HOLDING))
+            try:  # not through a class's __getattr__; a lazy handle's __dict__ may raise
+                children = object.__getattribute__(o, "__dict__").values()
+            except Exception:  # noqa: BLE001 - whatever it raises, it holds nothing we can see
+                continue
+        for c in itertools.islice(children, budget):
+            budget -= 1
+            if not isinstance(c, _NOT_HOLDING):
+                todo.append((c, depth + 1))
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Python's cyclic collector off for the body, back as it was after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _forget(names: dict[int, str], ids: list[int]) -> None:
@@ -683,12 +703,11 @@ class OpStream(TorchDispatchMode):
         stream = self
 
         def uncounted(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != stream._thread:
-                return method(*args, **kwargs)
             loader = args[0] if args else None
             if isinstance(loader, _dataloader.DataLoader) and loader.num_workers > 0:
-                for t in _held_by(loader.dataset):  # NOTE [ Data loading is not counted ]
-                    stream._manage_theirs(t)
+                stream._workers_read(loader.dataset)
+            if threading.get_ident() != stream._thread:
+                return method(*args, **kwargs)
             stream.uncounted += 1
             stream.loading += 1
             try:
@@ -698,6 +717,32 @@ class OpStream(TorchDispatchMode):
                 stream.loading -= 1
 
         return uncounted
+
+    def _workers_read(self, dataset: object) -> None:
+        """The storages of the tensors ``dataset`` holds, which a DataLoader's worker processes
+        are about to read, brought back (kept in until they are noted, off the training thread)
+        and others' to manage from now on (NOTE [ Data loading is not counted ])."""
+        storages = []
+        with _no_gc():  # its tuples would start collections of the whole heap: 1.7 s for 100 ms
+            found = list(_held_by(dataset))
+        for t in found:
+            for part in (t,) if t.layout is torch.strided else parts(t):
+                try:
+                    storage = _local(part).untyped_storage()
+                except (RuntimeError, NotImplementedError):  # a tensor with no storage of its own
+                    continue
+                if storage not in self.foreign:
+                    storages.append(storage)
+        if not storages:
+            return
+        if threading.get_ident() == self._thread or os.getpid() != self._pid:
+            for storage in storages:
+                self.bring_back(storage)
+                self._others_manage(storage)
+            return
+        with self.kept_in(list(storages)):
+            for storage in storages:
+                self._others_manage(storage)
 
     def _loading_reads(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The storages a DataLoader's uncounted op reads (an in-memory data set it indexes every

@@ -124,12 +124,15 @@ def test_a_step_the_loss_scaler_skips_ends_its_iteration(tmp_path: Path) -> None
     assert max(peaks) <= 1.05 * teraio.budget, (teraio.budget, peaks)
 
 
-def test_a_data_set_that_worker_processes_read_is_never_moved(tmp_path: Path) -> None:
-    """A TensorDataset read by DataLoader workers forked for each epoch: its tensors are never
-    planned (NOTE [ Data loading is not counted ] in torch_patch.opstream). Iteration 0's plan had
-    the data set out, and the workers of the second epoch stopped the run ("reads tensor ...,
-    which teraio had moved out of memory when it forked")."""
-    plain, teraio = compare(SCRIPTS / "tensor_dataset_workers.py", [], tmp_path, share="min")
+@pytest.mark.parametrize("where", ["loop", "thread"])
+def test_a_data_set_that_worker_processes_read_is_never_moved(where: str, tmp_path: Path) -> None:
+    """A TensorDataset read by DataLoader workers forked for each epoch, by the training loop or
+    by a prefetching thread: its tensors are never planned (NOTE [ Data loading is not counted ]
+    in torch_patch.opstream). Iteration 0's plan had the data set out, and the workers of the
+    second epoch stopped the run ("reads tensor ..., which teraio had moved out of memory when it
+    forked"; from the thread, "storage of size 0")."""
+    args = ["--thread"] if where == "thread" else []
+    plain, teraio = compare(SCRIPTS / "tensor_dataset_workers.py", args, tmp_path, share="min")
     assert_pattern_held(plain, teraio, tmp_path)
     tensors = pq.read_table(tmp_path / "teraio" / "profile" / "tensors.parquet").to_pandas()
     kept = tensors[(tensors["tensor_id"] >= LONG_BASE) & (tensors["tensor_id"] < CARRIED_FLAG)]
