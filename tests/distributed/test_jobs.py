@@ -100,7 +100,9 @@ def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(jo
         assert r.returncode == 0, r.stderr[-4000:]
     finally:
         plain_run = finish(plain)
-    if pytorch_teardown_abort(plain_run.returncode, plain_run.stderr):
+    for _ in range(2):  # twice in a row once in about 40 runs of the suite here
+        if not pytorch_teardown_abort(plain_run.returncode, plain_run.stderr):
+            break
         print(f"{job}: PyTorch's teardown aborted the plain run (no teraio in it); running it again")
         plain_run = finish(start(*TORCHRUN, EXAMPLES / script, *args, "--save", tmp_path / "plain.pt", cwd=tmp_path))
     assert plain_run.returncode == 0, plain_run.stderr[-4000:]
