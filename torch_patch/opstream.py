@@ -177,6 +177,14 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
+def _own_storage(t: _Tensor) -> torch.UntypedStorage | None:
+    """``t``'s storage (a DTensor's local one); None for a tensor with no storage of its own."""
+    try:
+        return _local(t).untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def _forget(names: dict[int, str], ids: list[int]) -> None:
     """A root module died: its modules' names go with it (NOTE [ Roots ])."""
     for i in ids:
@@ -727,11 +735,8 @@ class OpStream(TorchDispatchMode):
             found = list(_held_by(dataset))
         for t in found:
             for part in (t,) if t.layout is torch.strided else parts(t):
-                try:
-                    storage = _local(part).untyped_storage()
-                except (RuntimeError, NotImplementedError):  # a tensor with no storage of its own
-                    continue
-                if storage not in self.foreign:
+                storage = _own_storage(part)
+                if storage is not None and storage not in self.foreign:
                     storages.append(storage)
         if not storages:
             return
@@ -891,11 +896,8 @@ class OpStream(TorchDispatchMode):
 
     def _manage_theirs(self, t: _Tensor) -> None:
         """``t``'s storage brought back, then others' to manage (``foreign``)."""
-        try:
-            storage = _local(t).untyped_storage()
-        except (RuntimeError, NotImplementedError):  # a tensor with no storage of its own
-            return
-        if storage not in self.foreign:
+        storage = _own_storage(t)
+        if storage is not None and storage not in self.foreign:
             self.bring_back(storage)
             self._others_manage(storage)
 
