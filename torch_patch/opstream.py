@@ -56,7 +56,7 @@ import types
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -730,7 +730,7 @@ class OpStream(TorchDispatchMode):
         """The storages of the tensors ``dataset`` holds, which a DataLoader's worker processes
         are about to read, brought back (kept in until they are noted, off the training thread)
         and others' to manage from now on (NOTE [ Data loading is not counted ])."""
-        storages = []
+        storages: list[torch.UntypedStorage] = []
         with _no_gc():  # its tuples would start collections of the whole heap: 1.7 s for 100 ms
             found = list(_held_by(dataset))
         for t in found:
@@ -738,16 +738,10 @@ class OpStream(TorchDispatchMode):
                 storage = _own_storage(part)
                 if storage is not None and storage not in self.foreign:
                     storages.append(storage)
-        if not storages:
-            return
-        if threading.get_ident() == self._thread or os.getpid() != self._pid:
-            for storage in storages:
-                self.bring_back(storage)
-                self._others_manage(storage)
-            return
-        with self.kept_in(list(storages)):
-            for storage in storages:
-                self._others_manage(storage)
+        if storages:
+            with self._in_memory(storages):
+                for storage in storages:
+                    self._others_manage(storage)
 
     def _loading_reads(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The storages a DataLoader's uncounted op reads (an in-memory data set it indexes every
@@ -925,11 +919,21 @@ class OpStream(TorchDispatchMode):
             storage = None
         if storage is None:
             yield
-        elif threading.get_ident() == self._thread or os.getpid() != self._pid:
-            self.bring_back(storage)  # in a forked child it changes no record, and raises if it is
-            yield  # out (NOTE [ Forked children ] in runtime.executor)
         else:
-            with self.kept_in([storage]):
+            with self._in_memory([storage]):
+                yield
+
+    @contextlib.contextmanager
+    def _in_memory(self, storages: Sequence[torch.UntypedStorage]) -> Iterator[None]:
+        """``storages`` in memory for the body: brought back on the training thread (in a forked
+        child that changes no record, and raises for one that is out: NOTE [ Forked children ] in
+        runtime.executor), brought back and kept in on another (NOTE [ Reads on other threads ])."""
+        if threading.get_ident() == self._thread or os.getpid() != self._pid:
+            for storage in storages:
+                self.bring_back(storage)
+            yield
+        else:
+            with self.kept_in(list(storages)):
                 yield
 
     def _registering(self, init: Any) -> Any:
