@@ -19,7 +19,7 @@ outside the traced ops: it gets an input id where an op first uses it, the
 same every step. What those ops read, though, no plan may move: an in-memory
 data set (a ``TensorDataset``) is read by every step's loading, which the
 profile does not count, so its storages are others' to manage
-(``_loading_reads``): the plan of iteration 0 had a data set out after its
+(``_theirs``): the plan of iteration 0 had a data set out after its
 making, the first batch brought it back, and the iteration went 27% over its
 budget. With worker processes, the workers read the data set, in processes
 forked when an epoch's iterator is made: a data set the plan had out there
@@ -294,12 +294,13 @@ class OpStream(TorchDispatchMode):
         self._explicit = False
         self._num_long = 0  # long-lived unnamed storages numbered so far (profiles.ids)
         self.uncounted = 0  # above 0: ops pass through uncounted (torch_patch.fake, data loading)
-        self.loading = 0  # above 0: inside a DataLoader's own code (NOTE [ Data loading is not counted ])
+        # above 0: what uncounted ops read is others' to manage (a DataLoader's own code: NOTE [ Data
+        # loading is not counted ]; a DDP communication hook: NOTE [ Communication hooks ])
+        self.theirs = 0
         self.compiled: list[str] = []  # NOTE [ Compiled code ]
         # storages others manage: never planned nor freed (NOTE [ Storages others resize ],
         # NOTE [ DLPack exports ], NOTE [ Communication hooks ])
         self.foreign: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
-        self.in_comm_hook = 0  # above 0: inside a DDP communication hook
         self._handles: list[Any] = []
         self._patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
         self._warning_filters: warnings.catch_warnings[None] | None = None
@@ -367,8 +368,8 @@ class OpStream(TorchDispatchMode):
         if info.skip:
             return func(*args, **kwargs)
         if self.uncounted:
-            if self.loading:
-                self._loading_reads(args, kwargs)
+            if self.theirs:
+                self._theirs(args, kwargs)
             return self.run_uncounted(func, args, kwargs)
         index = self.op_index
         self.op_index = index + 1
@@ -403,8 +404,6 @@ class OpStream(TorchDispatchMode):
                             if isinstance(c, _Tensor):
                                 pos = self._input(index, pos, c, w, inputs, ids)
 
-        if self.in_comm_hook:
-            self._hook_touched(inputs)
         out = self.run_op(index, func, args, kwargs, inputs)
 
         outputs: list[tuple[int, _Tensor, bool]] = []
@@ -419,8 +418,6 @@ class OpStream(TorchDispatchMode):
                     for p in o:
                         if isinstance(p, _Tensor):
                             n = self._output(index, n, p, outputs, ids)
-        if self.in_comm_hook:
-            self._hook_touched(outputs)
         self.after_op(index, info, inputs, outputs)
         return out
 
@@ -717,12 +714,12 @@ class OpStream(TorchDispatchMode):
             if threading.get_ident() != stream._thread:
                 return method(*args, **kwargs)
             stream.uncounted += 1
-            stream.loading += 1
+            stream.theirs += 1
             try:
                 return method(*args, **kwargs)
             finally:
                 stream.uncounted -= 1
-                stream.loading -= 1
+                stream.theirs -= 1
 
         return uncounted
 
@@ -743,9 +740,10 @@ class OpStream(TorchDispatchMode):
                 for storage in storages:
                     self._others_manage(storage)
 
-    def _loading_reads(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The storages a DataLoader's uncounted op reads (an in-memory data set it indexes every
-        step) are others' to manage (NOTE [ Data loading is not counted ])."""
+    def _theirs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The storages an uncounted op of a DataLoader (an in-memory data set it indexes every
+        step) or of a communication hook reads or writes are others' to manage (NOTE [ Data
+        loading is not counted ], NOTE [ Communication hooks ])."""
         for a in (*args, *kwargs.values()):
             for b in a if isinstance(a, (list, tuple)) else (a,):
                 if isinstance(b, _Tensor):
@@ -852,16 +850,18 @@ class OpStream(TorchDispatchMode):
         self.on_foreign(storage)
 
     # NOTE [ Communication hooks ]: a DDP communication hook (``register_comm_hook``: fp16 or bf16
-    # compression, PowerSGD) returns a future whose callbacks run on the backend's thread once the
-    # collective is done, and they write the bucket (and the hook's own state: PowerSGD's P, Q and
-    # error tensors) there, where no dispatch mode sees them. With the bucket out, the fp16 hook's
-    # callback raised "data is not allocated yet" (every run at the smallest budget); a copy kept
-    # from before such a write would have brought stale gradients back. So the bucket, and every
-    # storage an op inside the hook reads or writes, are others' to manage (as those others
-    # resize): brought back first, never planned nor freed. A hook running off the training thread
-    # (CUDA's autograd device threads) has its bucket kept so, but not its ops' tensors (not run
-    # on a GPU yet). Not caught: DDP's built-in C++ hooks (``_register_builtin_comm_hook``), which
-    # teraio cannot wrap.
+    # compression, PowerSGD) returns a future whose callbacks write the bucket (and the hook's own
+    # state: PowerSGD's P, Q and error tensors) once the collective is done: on the backend's
+    # thread, where no dispatch mode sees them, or at once on the training thread when the
+    # collective was already done as the hook added the callback, as timing falls (under load,
+    # 1 run in 3 of the fp16 hook on gloo: a followed iteration met the callback's ``copy_`` where
+    # its plan had the next op, and the job stopped). So the hook's ops run uncounted, like data
+    # loading's, and every storage they read or write is others' to manage (``_theirs``), as is the
+    # bucket: brought back first, never planned nor freed. With the bucket out, the fp16 hook's
+    # callback raised "data is not allocated yet"; a copy kept from before such a write would have
+    # brought stale gradients back. A hook running off the training thread (CUDA's autograd device
+    # threads) has its bucket kept so, but its ops go unseen (not run on a GPU yet). Not caught:
+    # DDP's built-in C++ hooks (``_register_builtin_comm_hook``), which teraio cannot wrap.
     def _hooking(self, register: Any) -> Any:
         stream = self
 
@@ -873,20 +873,17 @@ class OpStream(TorchDispatchMode):
                     stream._others_manage(buffer.untyped_storage())
                 if threading.get_ident() != stream._thread:
                     return hook(state, bucket)
-                stream.in_comm_hook += 1
+                stream.uncounted += 1
+                stream.theirs += 1
                 try:
                     return hook(state, bucket)
                 finally:
-                    stream.in_comm_hook -= 1
+                    stream.uncounted -= 1
+                    stream.theirs -= 1
 
             return register(ddp, state, hook_seen)
 
         return register_comm_hook
-
-    def _hook_touched(self, touched: list[tuple[int, _Tensor, bool]]) -> None:
-        """The storages of an op inside a communication hook, which its callbacks may write."""
-        for _, t, _ in touched:
-            self._manage_theirs(t)
 
     def _manage_theirs(self, t: _Tensor) -> None:
         """``t``'s storage brought back, then others' to manage (``foreign``)."""
