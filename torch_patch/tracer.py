@@ -265,7 +265,9 @@ class Tracer(OpStream):
         self.names: dict[int, str | None] = {}
         self.resizable: dict[int, bool] = {}
         self.alloc_phase: dict[int, str] = {}
-        self.done: list[Tables] = []  # the steady iterations kept (NOTE [ Steady iterations ])
+        # the steady iterations kept, by number (NOTE [ Steady iterations ])
+        self.done: list[tuple[int, Tables]] = []
+        self._complete = False  # every rank has its steady iterations: stop at this boundary's end
         self.groups: dict[str, list[tuple[int, Tables]]] = {}  # shape -> (iteration, tables)
         self.skipped: list[dict[str, Any]] = []  # {"iteration", "reason"} of those not kept
         self.first: Tables | None = None  # iteration 0
@@ -451,6 +453,8 @@ class Tracer(OpStream):
             torch.cuda.synchronize()
 
     def begin_iteration(self) -> None:
+        if self._complete:
+            raise ProfileComplete
         # Iteration 1 is traced even as a warm-up one: the storages iteration 0 hands to it
         # are mapped to their steady ids there (``first_carried``). A rank that has its
         # steady iterations records no more while the others finish theirs.
@@ -558,7 +562,7 @@ class Tracer(OpStream):
             raise IrregularIterations(f"rank {statuses.index('irregular')}'s recorded iterations are not "
                                       "alike (its error says how); this rank stops with it")
         if all(s == "done" for s in statuses):
-            raise ProfileComplete
+            self._complete = True  # raised once the boundary has named what it carries (NOTE [ Kept for good ])
 
     # NOTE [ Ranks stop together ]: each rank of a job keeps its own steady iterations, but
     # they must all stop at the same boundary, or a rank still training waits for ever in
@@ -617,9 +621,7 @@ class Tracer(OpStream):
         group = self.groups.setdefault(_shape_key(tables), [])
         group.append((self.iteration, tables))
         if len(group) >= self.iters:
-            named = [(it, self._named_for_good(t) if it == 1 else t) for it, t in group]
-            tensors = _kept_tensors([t for _, t in named])
-            self.done = [(k, tensors, a) for _, (k, _, a) in named]
+            self.done = list(group)
             kept = {it for it, _ in group}
             self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only}
                             for g in self.groups.values() for it, t in g if it not in kept
@@ -645,6 +647,11 @@ class Tracer(OpStream):
     # nothing maps the ids of a later one, and a plan that named DDP's buckets (rebuilt in
     # iteration 1, flagged in 2) by the long ids a run gives them only from iteration 3 on went
     # 22% over its budget in iteration 2. There the steady plan has them as iteration 2 named them.
+    # The kept tables are named so when the profile is made, and a profile ends only once its
+    # last boundary has named what it carries (``begin_iteration`` raises ``ProfileComplete``):
+    # one that kept iteration 1 alone (``--iters 1``) ended before, and named such a storage by
+    # its flagged id, which a run has in iteration 1 alone (2 through the map): planned out, it
+    # stayed in from iteration 3 on.
     def renamed(self, new_ids: dict[int, int]) -> None:
         if self.iteration == 1:
             self._long_after_1 = {old: new for old, new in new_ids.items()
@@ -812,16 +819,18 @@ class Tracer(OpStream):
     def profile(self, meta: dict[str, Any]) -> Profile:
         if not self.done:
             raise RuntimeError("no iteration recorded")
-        kernels = pd.concat([d[0] for d in self.done], ignore_index=True)
-        i0 = int(self.done[0][0]["iteration"].iloc[0])
+        done = [self._named_for_good(t) if it == 1 else t for it, t in self.done]
+        merged = _kept_tensors(done)
+        kernels = pd.concat([k for k, _, _ in done], ignore_index=True)
+        i0 = self.done[0][0]
         aligned = self._aligned.get(i0, {})
         if i0 == 1:  # NOTE [ Kept for good ]
             long = self._long_after_1
             aligned = {t: long.get(a, a) for t, a in aligned.items()} | \
                 {t: n for t, n in long.items() if t not in aligned}
-        tensors = _kept_in_memory(self.done[0][1], self._unseen_at, i0, aligned)
-        accesses = pd.concat([d[2] for d in self.done], ignore_index=True)
-        k0 = self.done[0][0]
+        tensors = _kept_in_memory(merged, self._unseen_at, i0, aligned)
+        accesses = pd.concat([a for _, _, a in done], ignore_index=True)
+        k0 = done[0][0]
         sizes = dict(zip(tensors["tensor_id"], tensors["size_bytes"], strict=True))
         device = "cuda" if self.cuda_timing else "cpu"
         full = {
