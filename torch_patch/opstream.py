@@ -857,7 +857,8 @@ class OpStream(TorchDispatchMode):
     # 1 run in 3 of the fp16 hook on gloo: a followed iteration met the callback's ``copy_`` where
     # its plan had the next op, and the job stopped). So the hook's ops run uncounted, like data
     # loading's, and every storage they read or write is others' to manage (``_theirs``), as is the
-    # bucket: brought back first, never planned nor freed. With the bucket out, the fp16 hook's
+    # bucket: brought back first, never planned nor freed. What they make (the fp16 hook's half-size
+    # copy of each bucket, until its collective is done) is in no profile's peak. With the bucket out, the fp16 hook's
     # callback raised "data is not allocated yet"; a copy kept from before such a write would have
     # brought stale gradients back. A hook running off the training thread (CUDA's autograd device
     # threads) has its bucket kept so, but its ops go unseen (not run on a GPU yet). Not caught:
