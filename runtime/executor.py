@@ -40,7 +40,7 @@ from runtime.engine import Job, MigrationEngine
 from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.storage import byte_view, free_storage, realloc_storage
-from torch_patch.opstream import OpInfo, OpStream, parts
+from torch_patch.opstream import OpInfo, OpStream, parts, tensor_args
 
 __all__ = ["PlanExecutor", "Residency", "RunStats", "signals_held"]
 
@@ -1089,7 +1089,5 @@ class _Sink:
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
     """The tensors among an op's arguments, a sparse one as its parts (NOTE [ Sparse tensors ])."""
-    for a in (*args, *kwargs.values()):
-        for b in a if isinstance(a, (list, tuple)) else (a,):
-            if isinstance(b, torch.Tensor):
-                yield from (b,) if b.layout is torch.strided else parts(b)
+    for t in tensor_args(args, kwargs):
+        yield from (t,) if t.layout is torch.strided else parts(t)

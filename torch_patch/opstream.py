@@ -71,7 +71,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from torch_patch.identity import (
     CARRIED_FLAG,
@@ -127,6 +127,20 @@ def parts(t: _Tensor) -> tuple[_Tensor, ...]:
     except (RuntimeError, NotImplementedError):
         pass
     return ()
+
+
+def tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[_Tensor]:
+    """The tensors among an op's arguments, in lists and in lists of lists (Tensor[][]: c10d's
+    ``allgather_``), as ``OpStream.__torch_dispatch__`` finds them."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, _Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, _Tensor):
+                    yield b
+                elif isinstance(b, (list, tuple)):
+                    yield from (c for c in b if isinstance(c, _Tensor))
 
 
 _HELD_BY_LIMIT = 100_000  # objects a walk of a data set visits at most (a list of samples)
@@ -294,13 +308,14 @@ class OpStream(TorchDispatchMode):
         self._explicit = False
         self._num_long = 0  # long-lived unnamed storages numbered so far (profiles.ids)
         self.uncounted = 0  # above 0: ops pass through uncounted (torch_patch.fake, data loading)
-        # above 0: what uncounted ops read is others' to manage (a DataLoader's own code: NOTE [ Data
-        # loading is not counted ]; a DDP communication hook: NOTE [ Communication hooks ])
+        # above 0: what uncounted ops read or write is others' to manage (a DataLoader's own code: NOTE
+        # [ Data loading is not counted ]; a communication hook's callback: NOTE [ Communication hooks ])
         self.theirs = 0
         self.compiled: list[str] = []  # NOTE [ Compiled code ]
         # storages others manage: never planned nor freed (NOTE [ Storages others resize ],
         # NOTE [ DLPack exports ], NOTE [ Communication hooks ])
         self.foreign: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
+        self.in_comm_hook = 0  # above 0: inside a DDP communication hook
         self._handles: list[Any] = []
         self._patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
         self._warning_filters: warnings.catch_warnings[None] | None = None
@@ -404,6 +419,8 @@ class OpStream(TorchDispatchMode):
                             if isinstance(c, _Tensor):
                                 pos = self._input(index, pos, c, w, inputs, ids)
 
+        if self.in_comm_hook:
+            self._hook_touched(inputs)
         out = self.run_op(index, func, args, kwargs, inputs)
 
         outputs: list[tuple[int, _Tensor, bool]] = []
@@ -418,6 +435,8 @@ class OpStream(TorchDispatchMode):
                     for p in o:
                         if isinstance(p, _Tensor):
                             n = self._output(index, n, p, outputs, ids)
+        if self.in_comm_hook:
+            self._hook_touched(outputs)
         self.after_op(index, info, inputs, outputs)
         return out
 
@@ -683,6 +702,8 @@ class OpStream(TorchDispatchMode):
             if hasattr(torch.serialization, "_get_restore_location"):
                 self._patch(torch.serialization, "_get_restore_location", self._owning_restores)
             self._patch(DistributedDataParallel, "register_comm_hook", self._hooking)
+            self._patch(torch._C.Future, "then", self._calling_back)
+            self._patch(torch._C.Future, "add_done_callback", self._calling_back)
             self._patch(torch.amp.GradScaler, "step", self._scaling)  # NOTE [ Skipped steps ]
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
@@ -742,13 +763,11 @@ class OpStream(TorchDispatchMode):
 
     def _theirs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The storages an uncounted op of a DataLoader (an in-memory data set it indexes every
-        step) or of a communication hook reads or writes are others' to manage (NOTE [ Data
-        loading is not counted ], NOTE [ Communication hooks ])."""
-        for a in (*args, *kwargs.values()):
-            for b in a if isinstance(a, (list, tuple)) else (a,):
-                if isinstance(b, _Tensor):
-                    for t in (b,) if b.layout is torch.strided else parts(b):
-                        self._manage_theirs(t)
+        step) or of a communication hook's callback reads or writes are others' to manage (NOTE
+        [ Data loading is not counted ], NOTE [ Communication hooks ])."""
+        for t in tensor_args(args, kwargs):
+            for part in (t,) if t.layout is torch.strided else parts(t):
+                self._manage_theirs(part)
 
     # NOTE [ Storages others resize ] (and those exported: NOTE [ DLPack exports ]): FSDP2
     # frees and refills each parameter's unsharded storage with ``untyped_storage().resize_``,
@@ -851,18 +870,22 @@ class OpStream(TorchDispatchMode):
 
     # NOTE [ Communication hooks ]: a DDP communication hook (``register_comm_hook``: fp16 or bf16
     # compression, PowerSGD) returns a future whose callbacks write the bucket (and the hook's own
-    # state: PowerSGD's P, Q and error tensors) once the collective is done: on the backend's
-    # thread, where no dispatch mode sees them, or at once on the training thread when the
-    # collective was already done as the hook added the callback, as timing falls (under load,
-    # 1 run in 3 of the fp16 hook on gloo: a followed iteration met the callback's ``copy_`` where
-    # its plan had the next op, and the job stopped). So the hook's ops run uncounted, like data
-    # loading's, and every storage they read or write is others' to manage (``_theirs``), as is the
-    # bucket: brought back first, never planned nor freed. What they make (the fp16 hook's half-size
-    # copy of each bucket, until its collective is done) is in no profile's peak. With the bucket out, the fp16 hook's
-    # callback raised "data is not allocated yet"; a copy kept from before such a write would have
-    # brought stale gradients back. A hook running off the training thread (CUDA's autograd device
-    # threads) has its bucket kept so, but its ops go unseen (not run on a GPU yet). Not caught:
-    # DDP's built-in C++ hooks (``_register_builtin_comm_hook``), which teraio cannot wrap.
+    # state: PowerSGD's P, Q and error tensors) once the collective is done, on the backend's
+    # thread, where no dispatch mode sees them. With the bucket out, the fp16 hook's callback
+    # raised "data is not allocated yet" (every run at the smallest budget); a copy kept from
+    # before such a write would have brought stale gradients back. So the bucket, and every
+    # storage an op inside the hook reads or writes, are others' to manage (as those others
+    # resize): brought back first, never planned nor freed. The hook's own ops are counted (what
+    # they make, PowerSGD's error feedback as large as the gradients, is in the profile's peak),
+    # but not its callbacks' (``then``, ``add_done_callback`` on a future, wrapped while a hook
+    # runs): a callback runs at once where the hook adds it when the collective is already done,
+    # as timing falls, and counted there it shifted the ops (under load, 1 run in 3 of the fp16
+    # hook on gloo: a followed iteration met the callback's ``copy_`` where its plan had the next
+    # op, and the job stopped). What such a callback reads or writes is others' to manage too
+    # (``_theirs``). The hook and its callbacks are seen so on any thread where this mode is
+    # active (CUDA's autograd device threads run the backward, and its hooks, under it; not run
+    # on a GPU yet). Not caught: DDP's built-in C++ hooks (``_register_builtin_comm_hook``), which
+    # teraio cannot wrap.
     def _hooking(self, register: Any) -> Any:
         stream = self
 
@@ -872,19 +895,51 @@ class OpStream(TorchDispatchMode):
                 buffer = bucket.buffer()
                 with stream._resident(buffer):
                     stream._others_manage(buffer.untyped_storage())
-                if threading.get_ident() != stream._thread:
+                if not stream._active_here():
                     return hook(state, bucket)
-                stream.uncounted += 1
-                stream.theirs += 1
+                stream.in_comm_hook += 1
                 try:
                     return hook(state, bucket)
                 finally:
-                    stream.uncounted -= 1
-                    stream.theirs -= 1
+                    stream.in_comm_hook -= 1
 
             return register(ddp, state, hook_seen)
 
         return register_comm_hook
+
+    def _calling_back(self, add: Any) -> Any:
+        """A future's ``then`` or ``add_done_callback``: a callback added inside a communication
+        hook runs uncounted (NOTE [ Communication hooks ])."""
+        stream = self
+
+        def adding(future: Any, callback: Any) -> Any:
+            if not stream.in_comm_hook or not stream._active_here():
+                return add(future, callback)
+
+            @functools.wraps(callback)
+            def callback_seen(fut: Any) -> Any:
+                if not stream._active_here():
+                    return callback(fut)
+                stream.uncounted += 1
+                stream.theirs += 1
+                try:
+                    return callback(fut)
+                finally:
+                    stream.uncounted -= 1
+                    stream.theirs -= 1
+
+            return add(future, callback_seen)
+
+        return adding
+
+    def _active_here(self) -> bool:
+        """Whether this mode sees the ops of the thread it is asked on."""
+        return self in _get_current_dispatch_mode_stack()
+
+    def _hook_touched(self, touched: list[tuple[int, _Tensor, bool]]) -> None:
+        """The storages of an op inside a communication hook, which its callbacks may write."""
+        for _, t, _ in touched:
+            self._manage_theirs(t)
 
     def _manage_theirs(self, t: _Tensor) -> None:
         """``t``'s storage brought back, then others' to manage (``foreign``)."""

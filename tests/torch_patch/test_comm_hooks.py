@@ -1,7 +1,8 @@
-"""NOTE [ Communication hooks ] in torch_patch.opstream: a hook's ops, its future's callbacks
-included, are not counted, wherever and whenever those callbacks run."""
+"""NOTE [ Communication hooks ] in torch_patch.opstream: a hook's own ops are counted, its
+future's callbacks' are not, wherever and whenever those run."""
 
 # no `from __future__ import annotations`: DDP checks a hook's annotations are the classes themselves
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,17 @@ def fp16_done_first(state: object, bucket: dist.GradBucket) -> torch.futures.Fut
     return fut.then(lambda f: buffer.copy_(f.value()[0]))
 
 
+def fp16_done_elsewhere(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The same ops, with the callback run on another thread, as the backend's thread runs it."""
+    buffer = bucket.buffer()
+    fut = dist.all_reduce(buffer.to(torch.float16), async_op=True).get_future()
+    fut.wait()
+    pending: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+    out = pending.then(lambda f: buffer.copy_(f.value()[0]))
+    threading.Thread(target=pending.set_result, args=(fut.value(),)).start()
+    return out
+
+
 def no_ops(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(bucket.buffer())
@@ -53,6 +65,8 @@ def ops_per_iteration(hook: Any) -> list[int]:
 def test_a_hooks_callback_that_runs_at_once_on_the_training_thread_is_not_counted(tmp_path: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        assert ops_per_iteration(fp16_done_first) == ops_per_iteration(no_ops)
+        counted = ops_per_iteration(fp16_done_elsewhere)
+        assert ops_per_iteration(fp16_done_first) == counted
+        assert counted > ops_per_iteration(no_ops)  # the hook's own ops are counted
     finally:
         dist.destroy_process_group()
