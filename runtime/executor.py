@@ -193,8 +193,10 @@ class PlanExecutor(OpStream):
         self.backends = backends
         self.engine = engine
         self._writes: deque[_Entry] = deque()  # offloads in flight, oldest first
-        # (tid, target, urgent, priority): out again after this op (NOTE [ Ops on a tensor going out ])
+        # (tid, target, urgent, priority): out again after this op, and those sent out so in this
+        # iteration (NOTE [ Ops on a tensor going out ])
         self._again: list[tuple[int, str, bool, int]] = []
+        self._sent_again: set[int] = set()
         self.moved: dict[int, _Entry] = {}
         # NOTE [ Copies kept ] in planner.clean: copies of resident storages, still good
         self.copies: dict[int, _Entry] = {}
@@ -255,14 +257,19 @@ class PlanExecutor(OpStream):
                     self._start(m)
                     if self.schedule is None:  # a size differs: it left the plan
                         break
+        self._again.clear()  # what an op that raised left is not this op's
         if self.moved:
+            again = schedule is not None and not str(func).startswith("c10d.")  # NOTE [ Ops on a tensor going out ]
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
                 if entry is None:
                     continue
-                if (entry.state is Residency.OFFLOADING and not entry.touched and schedule is not None
-                        and entry.job is not None):  # NOTE [ Ops on a tensor going out ]
-                    self._again.append((tid, entry.target, entry.job.urgent, entry.job.priority))
+                if again and tid not in self._sent_again:
+                    if entry.state is Residency.OFFLOADING and not entry.touched and entry.job is not None:
+                        self._again.append((tid, entry.target, entry.job.urgent, entry.job.priority))
+                    elif entry.state in (Residency.SSD, Residency.HOST):
+                        entry.keep_for_reuse = self.reuse_copies
+                        self._again.append((tid, entry.target, False, 0))
                 self._make_resident(tid, entry)
         if self.copies:
             for tid, _, written in inputs:
@@ -607,26 +614,35 @@ class PlanExecutor(OpStream):
             self.engine.cancel(entry.job)
 
     # NOTE [ Ops on a tensor going out ]: a plan starts an offload after the tensor's last use in
-    # the profile, so an op that uses it while its write is in flight is one the profile did not
-    # see there: a schedule that orders some ops differently from step to step (PyTorch's ZB-V
-    # accumulates weight gradients in a set's order, which changes from run to run) swaps two
-    # tensors of one size between ops. The plan still counts the tensor out from its deadline. So
-    # the write is thrown away (NOTE [ Writes of a tensor needed again ]: the op may change the
-    # bytes, and a write done during the op would free what it uses) and, the op done, the tensor
-    # goes out again to the same place. Kept in instead, it stayed in memory until the plan's
-    # prefetch of it: the pp-zbv job (tests/distributed/test_jobs.py) had a rank 1.04-1.10x over
-    # its budget in 3 of 9 runs beside two others, a 64 KiB gradient its ZB-V schedule
-    # accumulated into one op later kept in.
+    # the profile and prefetches it before its next, so an op that uses it while it is going out
+    # or out is one the profile did not have there: a schedule that orders some ops differently
+    # from step to step (PyTorch's ZB-V accumulates weight gradients in a set's order, which
+    # changes from run to run) swaps two tensors of one size between ops. The plan still counts
+    # the tensor out. So, while an iteration follows its plan, such a tensor is used where it is
+    # and goes out again to the same place once the op is done: a write in flight is thrown away
+    # (NOTE [ Writes of a tensor needed again ]: the op may change the bytes, and a write done
+    # during the op would free what it uses) and the tensor written again; one already out is
+    # fetched on demand, its copy kept, and freed against it if the op did not write it (NOTE
+    # [ Copies kept ]). Kept in instead, it stayed in memory until the plan's next prefetch of it:
+    # the pp-zbv job (tests/distributed/test_jobs.py) had a rank 1.04-1.10x over its budget in 3
+    # of 9 runs beside two others, a 64 KiB gradient its schedule accumulated into one op later.
+    # Once an iteration for each tensor, so that a script that keeps using one the plan has out
+    # does not move it to and fro at every op; never after a collective, which returns before its
+    # transfer is done (NOTE [ Busy in a collective ] in planner.problem): a write begun then
+    # would hold the bytes from before it.
     def _offload_again(self) -> None:
-        """After an op that used tensors going out: each goes out again (NOTE [ Ops on a tensor
-        going out ])."""
+        """After an op that used tensors going out or out: each goes out again (NOTE [ Ops on a
+        tensor going out ])."""
         again, self._again = self._again, []
         for tid, target, urgent, priority in again:
             storage = self.ids.storage(tid)
             if storage is None or self.schedule is None:
                 continue
             self._settle_kept(tid)
-            if tid not in self.moved:
+            if tid in self.moved:
+                continue
+            self._sent_again.add(tid)
+            if not (self.reuse_copies and self._reuse_copy(tid, storage, target)):
                 self._offload(tid, storage, target, urgent, priority=priority)
 
     def _settle_kept(self, tid: int) -> None:
@@ -994,6 +1010,7 @@ class PlanExecutor(OpStream):
             after_first=self.iteration == 1)
         self.plan_ids = boundary.plan_ids
         self.schedule = self.steady
+        self._sent_again.clear()
         for tid, m in boundary.send_out:
             self._settle_kept(tid)
             storage = self.ids.storage(tid)

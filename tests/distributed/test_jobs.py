@@ -220,3 +220,58 @@ def test_ranks_that_do_not_step_together_stop_the_profile_with_an_error_naming_t
     assert re.search(r"rank 0 waited \d+ s at the end of iteration 2 for rank 1, which has not ended its "
                      r"iteration 2: the ranks do not step together", r.stderr), r.stderr[-3000:]
     assert not (tmp_path / "profile").exists()
+
+
+LATE_PEER = """
+import os, sys, time, torch, torch.distributed as dist
+from planner.plan import Migration, Plan
+from profiles.ids import produced_id
+from runtime.api import offload
+from torch_patch import mark_iteration
+
+rank, store = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+N = 1 << 18
+
+def step(late: float = 0.0) -> float:
+    x = torch.ones(N)
+    x.mul_(2)
+    time.sleep(late)
+    dist.all_reduce(x, async_op=True).wait()
+    s = float(x.sum())
+    if rank == 0:
+        mark_iteration()
+    return s
+
+if rank == 1:
+    sums = [step(late=0.3) for _ in range(4)]
+else:  # a plan whose offload of x starts at its all-reduce, as one made for another order of ops
+    names = ["aten.ones.default", "aten.mul_.Tensor", "c10d.allreduce_.default", "aten.sum.default",
+             "aten._local_scalar_dense.default"]
+    out = Migration(tensor_id=produced_id(0, 0), size_bytes=4 * N, action="offload", place="ssd", trigger_op=2,
+                    deadline_op=3, start_us=None, end_us=None, urgent=False, priority=0, wraps=False,
+                    period_start_op=2, period_end_op=3, name=None)
+    plan = Plan(signature="hand", parameters={"gpu_mem_bytes": None}, summary={}, migrations={0: [out]},
+                op_names={0: names}, made_bytes={0: [0] * len(names)})
+    with offload(plan, swap_dir=os.path.dirname(store)) as ex:
+        sums = [step() for _ in range(4)]
+    assert ex.matched_iterations >= 3, ex.matched_iterations
+print("sums", [s / N for s in sums], flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_tensor_a_collective_uses_is_not_sent_out_before_the_collective_is_done(tmp_path: Path) -> None:
+    """NOTE [ Ops on a tensor going out ] in runtime.executor: a collective returns before its
+    transfer is done, so a tensor going out that one uses is kept in (sent out again after the
+    op, it was written with the bytes from before the all-reduce: 2 where 4 was due)."""
+    script = tmp_path / "late_peer.py"
+    script.write_text(LATE_PEER)
+    env = {**ENV, "PYTHONPATH": str(ROOT)}
+    store = str(tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), store], cwd=tmp_path, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
+    results = [finish(p) for p in procs]
+    for r in results:
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "sums [4.0, 4.0, 4.0, 4.0]" in r.stdout, r.stdout

@@ -648,9 +648,11 @@ def test_tensor_lists_passed_by_keyword_are_faulted_in(tmp_path: Path) -> None:
     assert ex.stats.bytes_written["ssd"] > 0 and ex.stats.on_demand_fetches >= 4
 
 
-def ema_train(steps: int, seen: list[int] | None = None) -> tuple[list[float], list[torch.Tensor]]:
-    """``train`` with a running mean of the batch, written at each step's start and read at its
-    loss; ``seen`` gets the mean's bytes in memory as the model's second layer runs."""
+def ema_train(steps: int, seen: list[int] | None = None,
+              write_last: bool = False) -> tuple[list[float], list[torch.Tensor]]:
+    """``train`` with a running mean of the batch, written at each step's start (after its norm
+    is taken, ``write_last``, or before) and read at its loss; ``seen`` gets the mean's bytes in
+    memory as the model's second layer runs."""
     model, opt, gen = mlp_and_data()
     ema = torch.zeros(48, 32)
     if seen is not None:
@@ -658,9 +660,11 @@ def ema_train(steps: int, seen: list[int] | None = None) -> tuple[list[float], l
     losses = []
     for _ in range(steps):
         x = torch.randn(64, 32, generator=gen)
+        norm = ema.norm() if write_last else None
         ema.mul_(0.5).add_(x[:48])
-        norm = ema.norm()
-        loss = model(x).square().mean() + (ema * x[:48]).mean() * norm * 1e-3
+        scale = torch.full((1024,), 1e-3)  # an op that makes room
+        norm = ema.norm() if norm is None else norm
+        loss = model(x).square().mean() + (ema * x[:48]).mean() * norm * scale.mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -668,34 +672,39 @@ def ema_train(steps: int, seen: list[int] | None = None) -> tuple[list[float], l
     return losses, [*(p.detach().clone() for p in model.parameters()), ema.clone()]
 
 
-@pytest.mark.parametrize("op", ["writes", "reads"])
+@pytest.mark.parametrize("op", ["writes", "reads", "reads once out"])
 def test_an_op_on_a_tensor_going_out_leaves_it_out(op: str, tmp_path: Path) -> None:
     """NOTE [ Ops on a tensor going out ]: an op the plan has after a tensor's last use uses it
-    as its write begins (as when a schedule orders ops differently from the profile). The op
-    writes it: the stale write is thrown away and it goes out again after the op; the op reads
-    it: the write goes on. Either way it is out where the plan has it out, and all is exact."""
+    (as when a schedule orders ops differently from the profile): as its write begins, the op
+    writing or reading it, or once it is out (the op before made room, so the write is done).
+    It goes out again after the op, out where the plan has it out, and all is exact."""
+    write_last = op == "writes"
     tracer = Tracer(warmup=1, iters=1)
     with pytest.raises(ProfileComplete), tracer:
-        ema_train(5)
+        ema_train(5, write_last=write_last)
     prof = tracer.profile({})
     names, acc = op_names(prof), prof.accesses_of()
-    norm = names.index("aten.linalg_vector_norm.default")
-    ema = int(acc[(acc.op_index == norm)].tensor_id.iloc[0])
-    uses = acc[acc.tensor_id == ema].sort_values("op_index")
-    written = uses[(uses.op_index < norm) & (uses.access == "write")].op_index.max()
-    read_back = int(uses[uses.op_index > norm].op_index.min())
-    at = int(written) if op == "writes" else norm  # the plan's offload starts at this op, which uses it
+    ema = int(acc[acc.op_index == names.index("aten.linalg_vector_norm.default")].tensor_id.iloc[0])
+    uses = acc[acc.tensor_id == ema].drop_duplicates("op_index").sort_values("op_index")
+    gap = int(uses.op_index.diff().fillna(0).to_numpy().argmax())  # the forward pass, where it is idle
+    start, read_back = int(uses.op_index.iloc[gap - 1]), int(uses.op_index.iloc[gap])
+    assert names[start] == ("aten.add_.Tensor" if write_last else "aten.linalg_vector_norm.default")
+    # the plan's offload starts at this op: the mean's last use before the forward, or the one before
+    at = start - 1 if op == "reads once out" else start
+    assert op != "reads once out" or names[at] == "aten.full.default"
     size = 48 * 32 * 4
-    moves = [move(ema, "offload", at, at + 1, size, norm, read_back),
-             move(ema, "prefetch", read_back - 1, read_back, size, norm, read_back)]
+    moves = [move(ema, "offload", at, at + 1, size, start, read_back),
+             move(ema, "prefetch", read_back - 1, read_back, size, start, read_back)]
     assert prof.first is not None  # iteration 0's plan moves nothing, and hands the mean on
     carried = {int(k): v for k, v in prof.first.meta["carried_into_next"]["0"].items()}
     first = plan_of([], op_names(prof.first), carried=carried, made=made_bytes(prof.first).tolist())
     plan = plan_of(moves, names, budget=1, first=first, made=made_bytes(prof).tolist())
 
-    expected = ema_train(6)
+    expected = ema_train(6, write_last=write_last)
     seen: list[int] = []
     with offload(plan, swap_dir=tmp_path) as ex:
-        assert same(ema_train(6, seen), expected)
+        assert same(ema_train(6, seen, write_last), expected)
     assert ex.matched_iterations >= 4 and not ex.unfollowed
     assert seen[0] == 48 * 32 * 4 and seen[1:] == [0] * 5, seen  # out in every iteration the plan has it out
+    if op == "reads once out":  # fetched on demand, then freed against its copy
+        assert ex.stats.on_demand_fetches == 5 and ex.stats.reused_offloads == 5
