@@ -259,7 +259,8 @@ class PlanExecutor(OpStream):
                         break
         self._again.clear()  # what an op that raised left is not this op's
         if self.moved:
-            again = schedule is not None and not str(func).startswith("c10d.")  # NOTE [ Ops on a tensor going out ]
+            # NOTE [ Ops on a tensor going out ]: not where the iteration left its plan at this op
+            again = self.schedule is not None and not str(func).startswith("c10d.")
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
                 if entry is None:
