@@ -193,9 +193,9 @@ class PlanExecutor(OpStream):
         self.backends = backends
         self.engine = engine
         self._writes: deque[_Entry] = deque()  # offloads in flight, oldest first
-        # (tid, target, urgent, priority): out again after this op, and those sent out so in this
-        # iteration (NOTE [ Ops on a tensor going out ])
-        self._again: list[tuple[int, str, bool, int]] = []
+        # tid -> (target, urgent, priority): out again at the first op that does not use it, and
+        # those sent out so in this iteration (NOTE [ Ops on a tensor going out ])
+        self._again: dict[int, tuple[str, bool, int]] = {}
         self._sent_again: set[int] = set()
         self.moved: dict[int, _Entry] = {}
         # NOTE [ Copies kept ] in planner.clean: copies of resident storages, still good
@@ -257,7 +257,8 @@ class PlanExecutor(OpStream):
                     self._start(m)
                     if self.schedule is None:  # a size differs: it left the plan
                         break
-        self._again.clear()  # what an op that raised left is not this op's
+        if self._again:
+            self._send_again(func, inputs)
         if self.moved:
             # NOTE [ Ops on a tensor going out ]: not where the iteration left its plan at this op
             again = self.schedule is not None and not str(func).startswith("c10d.")
@@ -265,12 +266,12 @@ class PlanExecutor(OpStream):
                 entry = self.moved.get(tid)
                 if entry is None:
                     continue
-                if again and tid not in self._sent_again:
+                if again and tid not in self._sent_again and tid not in self._again:
                     if entry.state is Residency.OFFLOADING and not entry.touched and entry.job is not None:
-                        self._again.append((tid, entry.target, entry.job.urgent, entry.job.priority))
+                        self._again[tid] = (entry.target, entry.job.urgent, entry.job.priority)
                     elif entry.state in (Residency.SSD, Residency.HOST):
-                        entry.keep_for_reuse = self.reuse_copies
-                        self._again.append((tid, entry.target, False, 0))
+                        entry.keep_for_reuse = self.reuse_copies and not any(w for t, _, w in inputs if t == tid)
+                        self._again[tid] = (entry.target, False, 0)
                 self._make_resident(tid, entry)
         if self.copies:
             for tid, _, written in inputs:
@@ -344,9 +345,6 @@ class PlanExecutor(OpStream):
                 stats.tracked_bytes += n
         if stats.tracked_bytes > stats.peak_tracked_bytes:
             stats.peak_tracked_bytes = stats.tracked_bytes
-        if self._again:
-            with self._lock:
-                self._offload_again()
 
     @_locked
     def on_free(self, tensor_id: int) -> None:
@@ -354,6 +352,7 @@ class PlanExecutor(OpStream):
             return
         if tensor_id in self.copies:
             self._drop_copy(tensor_id)
+        self._again.pop(tensor_id, None)
         entry = self.moved.pop(tensor_id, None)
         n = self.sizes.pop(tensor_id, 0)
         if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
@@ -411,6 +410,7 @@ class PlanExecutor(OpStream):
             return
         if tid not in self.moved and tid in self.plan_ids:
             tid = self.plan_ids[tid]
+        self._again.pop(tid, None)  # the plan has it in from here (NOTE [ Ops on a tensor going out ])
         entry = self.moved.get(tid)
         if entry is None:
             return
@@ -620,22 +620,29 @@ class PlanExecutor(OpStream):
     # from step to step (PyTorch's ZB-V accumulates weight gradients in a set's order, which
     # changes from run to run) swaps two tensors of one size between ops. The plan still counts
     # the tensor out. So, while an iteration follows its plan, such a tensor is used where it is
-    # and goes out again to the same place once the op is done: a write in flight is thrown away
-    # (NOTE [ Writes of a tensor needed again ]: the op may change the bytes, and a write done
-    # during the op would free what it uses) and the tensor written again; one already out is
-    # fetched on demand, its copy kept, and freed against it if the op did not write it (NOTE
-    # [ Copies kept ]). Kept in instead, it stayed in memory until the plan's next prefetch of it:
-    # the pp-zbv job (tests/distributed/test_jobs.py) had a rank 1.04-1.10x over its budget in 3
-    # of 9 runs beside two others, a 64 KiB gradient its schedule accumulated into one op later.
+    # and goes out again to the same place before the first op after that does not use it (views
+    # of it, ``t()`` before a matmul, hand it on): a write in flight is thrown away (NOTE
+    # [ Writes of a tensor needed again ]: the op may change the bytes, and a write done during
+    # the op would free what it uses) and the tensor written again; one already out is fetched on
+    # demand, its copy kept unless the op writes it, and freed against that copy (NOTE [ Copies
+    # kept ]). Kept in instead, it stayed in memory until the plan's next prefetch of it: the
+    # pp-zbv job (tests/distributed/test_jobs.py) had a rank 1.04-1.10x over its budget in 3 of 9
+    # runs beside two others, a 64 KiB gradient its schedule accumulated into one op later.
     # Once an iteration for each tensor, so that a script that keeps using one the plan has out
-    # does not move it to and fro at every op; never after a collective, which returns before its
-    # transfer is done (NOTE [ Busy in a collective ] in planner.problem): a write begun then
-    # would hold the bytes from before it.
-    def _offload_again(self) -> None:
-        """After an op that used tensors going out or out: each goes out again (NOTE [ Ops on a
-        tensor going out ])."""
-        again, self._again = self._again, []
-        for tid, target, urgent, priority in again:
+    # does not move it to and fro; never after a collective, which returns before its transfer is
+    # done (NOTE [ Busy in a collective ] in planner.problem): a write begun then would hold the
+    # bytes from before it. A prefetch of it the plan starts meanwhile keeps it in.
+    def _send_again(self, func: Any, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+        """Before op ``func``: the tensors an earlier op used where the plan has them out go out
+        again, unless this op uses them too (NOTE [ Ops on a tensor going out ])."""
+        used = {tid for tid, _, _ in inputs}
+        collective = str(func).startswith("c10d.")
+        for tid in list(self._again):
+            if tid in used:
+                if collective:  # busy until a wait no dispatch mode sees
+                    del self._again[tid]
+                continue
+            target, urgent, priority = self._again.pop(tid)
             storage = self.ids.storage(tid)
             if storage is None or self.schedule is None:
                 continue
@@ -1011,6 +1018,7 @@ class PlanExecutor(OpStream):
             after_first=self.iteration == 1)
         self.plan_ids = boundary.plan_ids
         self.schedule = self.steady
+        self._again.clear()
         self._sent_again.clear()
         for tid, m in boundary.send_out:
             self._settle_kept(tid)

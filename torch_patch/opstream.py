@@ -913,7 +913,7 @@ class OpStream(TorchDispatchMode):
         stream = self
 
         def adding(future: Any, callback: Any) -> Any:
-            if not stream.in_comm_hook or not stream._active_here():
+            if not stream.in_comm_hook or not callable(callback) or not stream._active_here():
                 return add(future, callback)
 
             @functools.wraps(callback)
