@@ -621,7 +621,7 @@ class PlanExecutor(OpStream):
     # changes from run to run) swaps two tensors of one size between ops. The plan still counts
     # the tensor out. So, while an iteration follows its plan, such a tensor is used where it is
     # and goes out again to the same place before the first op after that does not use it (views
-    # of it, ``t()`` before a matmul, hand it on): a write in flight is thrown away (NOTE
+    # of it, ``t()`` before a matmul, hand it on), or at the iteration's end: a write in flight is thrown away (NOTE
     # [ Writes of a tensor needed again ]: the op may change the bytes, and a write done during
     # the op would free what it uses) and the tensor written again; one already out is fetched on
     # demand, its copy kept unless the op writes it, and freed against that copy (NOTE [ Copies
@@ -962,6 +962,8 @@ class PlanExecutor(OpStream):
         elif schedule is not None and self._other_sizes > self._offloads_started:
             self._leave(f"{self._first_other_size} (and {self._other_sizes - 1} more tensors of other sizes)")
             schedule = None
+        if self._again:  # the last op used them: no later op sends them (NOTE [ Ops on a tensor going out ])
+            self._send_again("the boundary", [])
         self.stats.other_sizes += self._other_sizes
         self._offloads_started = self._other_sizes = 0
         self._first_other_size = None

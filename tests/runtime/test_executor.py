@@ -30,7 +30,7 @@ from planner.plan import Migration, Plan
 from profiles import Profile, inactive_periods, made_bytes
 from runtime.api import first_iteration_warning, offload
 from runtime.errors import PlanMismatchError, StorageIOError, SwapKeptError
-from torch_patch import ProfileComplete, Tracer
+from torch_patch import ProfileComplete, Tracer, mark_iteration
 
 
 def mlp_and_data(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Generator]:
@@ -711,3 +711,59 @@ def test_an_op_on_a_tensor_going_out_leaves_it_out(op: str, tmp_path: Path) -> N
     assert seen[0] == 48 * 32 * 4 and seen[1:] == [0] * 5, seen  # out in every iteration the plan has it out
     if op == "reads once out":  # fetched on demand for the view, freed against its copy after the read
         assert ex.stats.on_demand_fetches == 5 and ex.stats.reused_offloads == 5
+
+
+def twin_train(steps: int, swap_from: int | None = None,
+               seen: list[int] | None = None) -> tuple[list[float], list[torch.Tensor]]:
+    """A running mean read in the middle of each step, and a twin of its size the step's last op
+    writes: the mean itself from step ``swap_from`` on. ``seen``: the mean's bytes in memory as
+    the model's last layer runs."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    gen = torch.Generator().manual_seed(0)
+    ema, twin = torch.zeros(48, 32), torch.zeros(48, 32)
+    if seen is not None:
+        model[2].register_forward_hook(lambda *_: seen.append(ema.untyped_storage().nbytes()))
+    losses = []
+    for step in range(steps):
+        x = torch.randn(64, 32, generator=gen)
+        scale = torch.full((1024,), 1e-3)  # an op that makes room
+        out = model(x).square().mean()
+        ema.mul_(0.5).add_(x[:48])
+        loss = out * (1 + ema.norm() * scale.mean())
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(1e-3 * p.grad)
+                p.grad = None
+        losses.append(loss.item())
+        (ema if swap_from is not None and step >= swap_from else twin).add_(0.25)
+        mark_iteration()
+    return losses, [*(p.detach().clone() for p in model.parameters()), ema, twin]
+
+
+def test_a_tensor_the_last_op_uses_where_the_plan_has_it_out_goes_out_at_the_boundary(tmp_path: Path) -> None:
+    """NOTE [ Ops on a tensor going out ]: the plan has the mean out from its norm to the next
+    step's use, and the iteration's last op writes it (from step 2): no later op sends it out
+    again, so the boundary does (it stayed in for the next forward pass)."""
+    tracer = Tracer(warmup=1, iters=1)
+    with pytest.raises(ProfileComplete), tracer:
+        twin_train(5)
+    prof = tracer.profile({})
+    names, acc = op_names(prof), prof.accesses_of()
+    ema = int(acc[acc.op_index == names.index("aten.linalg_vector_norm.default")].tensor_id.iloc[0])
+    uses = sorted(set(acc[acc.tensor_id == ema].op_index))
+    n, size = len(names), 48 * 32 * 4
+    moves = [move(ema, "offload", uses[-1] + 1, uses[-1] + 2, size, uses[-1], n + uses[0], wraps=True),
+             move(ema, "prefetch", uses[0] - 1, uses[0], size, uses[-1], n + uses[0], wraps=True)]
+    assert prof.first is not None
+    carried = {int(k): v for k, v in prof.first.meta["carried_into_next"]["0"].items()}
+    first = plan_of([], op_names(prof.first), carried=carried, made=made_bytes(prof.first).tolist())
+    plan = plan_of(moves, names, budget=1, first=first, made=made_bytes(prof).tolist())
+
+    expected = twin_train(7, swap_from=2)
+    seen: list[int] = []
+    with offload(plan, swap_dir=tmp_path) as ex:
+        assert same(twin_train(7, swap_from=2, seen=seen), expected)
+    assert ex.matched_iterations == 6 and not ex.unfollowed
+    assert seen == [size] + [0] * 6, seen
