@@ -672,13 +672,13 @@ def ema_train(steps: int, seen: list[int] | None = None,
     return losses, [*(p.detach().clone() for p in model.parameters()), ema.clone()]
 
 
-@pytest.mark.parametrize("op", ["writes", "reads", "reads once out"])
+@pytest.mark.parametrize("op", ["writes", "reads", "reads once out", "reads once out, then the plan has it in"])
 def test_an_op_on_a_tensor_going_out_leaves_it_out(op: str, tmp_path: Path) -> None:
     """NOTE [ Ops on a tensor going out ]: an op the plan has after a tensor's last use uses it
     (as when a schedule orders ops differently from the profile): as its write begins, the op
     writing or reading it, or once it is out (the op before made room, so the write is done), a
     view of it first. It goes out again after the op that reads it, once, out where the plan has
-    it out, and all is exact."""
+    it out (and stays in where the plan's prefetch of it starts at the next op), and all is exact."""
     write_last = op == "writes"
     tracer = Tracer(warmup=1, iters=1)
     with pytest.raises(ProfileComplete), tracer:
@@ -692,12 +692,14 @@ def test_an_op_on_a_tensor_going_out_leaves_it_out(op: str, tmp_path: Path) -> N
     assert names[start] == ("aten.add_.Tensor" if write_last else "aten.linalg_vector_norm.default")
     # the plan's offload starts at this op: the mean's last use before the forward, or the op that
     # makes room before its view
-    at = start - 2 if op == "reads once out" else start
-    assert op != "reads once out" or names[at:start + 1] == ["aten.full.default", "aten.view.default",
-                                                             "aten.linalg_vector_norm.default"]
+    once_out = op.startswith("reads once out")
+    at = start - 2 if once_out else start
+    assert not once_out or names[at:start + 1] == ["aten.full.default", "aten.view.default",
+                                                   "aten.linalg_vector_norm.default"]
+    prefetch_at = start + 1 if op.endswith("has it in") else read_back - 1
     size = 48 * 32 * 4
     moves = [move(ema, "offload", at, at + 1, size, start, read_back),
-             move(ema, "prefetch", read_back - 1, read_back, size, start, read_back)]
+             move(ema, "prefetch", prefetch_at, prefetch_at + 1, size, start, read_back)]
     assert prof.first is not None  # iteration 0's plan moves nothing, and hands the mean on
     carried = {int(k): v for k, v in prof.first.meta["carried_into_next"]["0"].items()}
     first = plan_of([], op_names(prof.first), carried=carried, made=made_bytes(prof.first).tolist())
@@ -708,8 +710,11 @@ def test_an_op_on_a_tensor_going_out_leaves_it_out(op: str, tmp_path: Path) -> N
     with offload(plan, swap_dir=tmp_path) as ex:
         assert same(ema_train(6, seen, write_last), expected)
     assert ex.matched_iterations >= 4 and not ex.unfollowed
-    assert seen[0] == 48 * 32 * 4 and seen[1:] == [0] * 5, seen  # out in every iteration the plan has it out
-    if op == "reads once out":  # fetched on demand for the view, freed against its copy after the read
+    if op.endswith("has it in"):  # fetched on demand for the view, then kept in: not sent out, not read again
+        assert seen == [size] * 6 and ex.stats.on_demand_fetches == 5 and ex.stats.reused_offloads == 0, seen
+        return
+    assert seen[0] == size and seen[1:] == [0] * 5, seen  # out in every iteration the plan has it out
+    if once_out:  # fetched on demand for the view, freed against its copy after the read
         assert ex.stats.on_demand_fetches == 5 and ex.stats.reused_offloads == 5
 
 
