@@ -260,13 +260,13 @@ class PlanExecutor(OpStream):
         if self._again:
             self._send_again(func, inputs)
         if self.moved:
-            # NOTE [ Ops on a tensor going out ]: not where the iteration left its plan at this op
-            again = self.schedule is not None and not str(func).startswith("c10d.")
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
                 if entry is None:
                     continue
-                if again and tid not in self._sent_again and tid not in self._again:
+                # NOTE [ Ops on a tensor going out ]: not where the iteration left its plan at this op
+                if (self.schedule is not None and tid not in self._sent_again and tid not in self._again
+                        and not str(func).startswith("c10d.")):
                     if entry.state is Residency.OFFLOADING and not entry.touched and entry.job is not None:
                         self._again[tid] = (entry.target, entry.job.urgent, entry.job.priority)
                     elif entry.state in (Residency.SSD, Residency.HOST):
@@ -621,11 +621,11 @@ class PlanExecutor(OpStream):
     # changes from run to run) swaps two tensors of one size between ops. The plan still counts
     # the tensor out. So, while an iteration follows its plan, such a tensor is used where it is
     # and goes out again to the same place before the first op after that does not use it (views
-    # of it, ``t()`` before a matmul, hand it on), or at the iteration's end: a write in flight is thrown away (NOTE
-    # [ Writes of a tensor needed again ]: the op may change the bytes, and a write done during
-    # the op would free what it uses) and the tensor written again; one already out is fetched on
-    # demand, its copy kept unless the op writes it, and freed against that copy (NOTE [ Copies
-    # kept ]). Kept in instead, it stayed in memory until the plan's next prefetch of it: the
+    # of it, ``t()`` before a matmul, hand it on), or at the iteration's end: a write in flight is
+    # thrown away (NOTE [ Writes of a tensor needed again ]: the op may change the bytes, and a
+    # write done during the op would free what it uses) and the tensor written again; one already
+    # out is fetched on demand, its copy kept unless the op writes it, and freed against that copy
+    # (NOTE [ Copies kept ]). Kept in instead, it stayed in memory until the plan's next prefetch of it: the
     # pp-zbv job (tests/distributed/test_jobs.py) had a rank 1.04-1.10x over its budget in 3 of 9
     # runs beside two others, a 64 KiB gradient its schedule accumulated into one op later.
     # Once an iteration for each tensor, so that a script that keeps using one the plan has out
@@ -1020,8 +1020,7 @@ class PlanExecutor(OpStream):
             after_first=self.iteration == 1)
         self.plan_ids = boundary.plan_ids
         self.schedule = self.steady
-        self._again.clear()
-        self._sent_again.clear()
+        self._sent_again.clear()  # ``_again`` was emptied as the iteration ended
         for tid, m in boundary.send_out:
             self._settle_kept(tid)
             storage = self.ids.storage(tid)

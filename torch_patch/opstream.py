@@ -734,15 +734,21 @@ class OpStream(TorchDispatchMode):
                 stream._workers_read(loader.dataset)
             if threading.get_ident() != stream._thread:
                 return method(*args, **kwargs)
-            stream.uncounted += 1
-            stream.theirs += 1
-            try:
+            with stream._their_ops():
                 return method(*args, **kwargs)
-            finally:
-                stream.uncounted -= 1
-                stream.theirs -= 1
 
         return uncounted
+
+    @contextlib.contextmanager
+    def _their_ops(self) -> Iterator[None]:
+        """Ops uncounted for the body, and what they read or write others' to manage (``_theirs``)."""
+        self.uncounted += 1
+        self.theirs += 1
+        try:
+            yield
+        finally:
+            self.uncounted -= 1
+            self.theirs -= 1
 
     def _workers_read(self, dataset: object) -> None:
         """The storages of the tensors ``dataset`` holds, which a DataLoader's worker processes
@@ -920,13 +926,8 @@ class OpStream(TorchDispatchMode):
             def callback_seen(fut: Any) -> Any:
                 if not stream._active_here():
                     return callback(fut)
-                stream.uncounted += 1
-                stream.theirs += 1
-                try:
+                with stream._their_ops():
                     return callback(fut)
-                finally:
-                    stream.uncounted -= 1
-                    stream.theirs -= 1
 
             return add(future, callback_seen)
 
