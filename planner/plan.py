@@ -70,7 +70,11 @@ per rank, the steady id of each transient storage iteration 0 hands to
 iteration 1 to that storage's id in iteration 1 (keys and values decimal), so
 that the steady plan can move it at the boundary. Both keys are optional:
 a reader that does not know them reads the steady plan as before (DESIGN.md
-section 5 does not list them yet).
+section 5 does not list them yet). Where the profile's first kept iteration is
+2 or later, the steady plan's ``carried_into_first_kept`` (new in version 5)
+maps, per rank, for that iteration, the long ids of the storages it carries in
+and keeps for good to their ids in it (NOTE [ Kept for good ] in
+``torch_patch.tracer``).
 
 NOTE [ Offloads without a prefetch ]: an offload with no prefetch of the same
 ``tensor_id`` and ``period_start_op`` moves a *trailing* period (NOTE [
@@ -98,8 +102,10 @@ from planner.errors import PlanFormatError
 
 __all__ = ["FORMAT", "Migration", "Plan", "check_rank", "load_plan", "save_plan", "signatures_of"]
 
-FORMAT = "teraio-plan/4"
-_READ_TOO = ("teraio-plan/3",)  # the same but for keep_copy and reuse_copy: read as plans keeping none
+FORMAT = "teraio-plan/5"
+# 4: no carried_into_first_kept (its profile named such storages twice); 3: also no keep_copy and
+# reuse_copy, read as plans keeping none
+_READ_TOO = ("teraio-plan/4", "teraio-plan/3")
 _OLDER = ("teraio-plan/1", "teraio-plan/2")
 _ACTIONS = {"offload": "target", "prefetch": "source"}
 _PLACES = ("ssd", "host")
@@ -187,6 +193,8 @@ class Plan:
     comparison: dict[str, Any] = field(default_factory=dict)
     first: Plan | None = None  # NOTE [ The first iteration's plan ]
     carried_into_next: dict[int, dict[int, int]] = field(default_factory=dict)  # in ``first`` only
+    # rank -> (its first kept iteration, {long id: id in it}), in the steady plan only
+    carried_into_first_kept: dict[int, tuple[int, dict[int, int]]] = field(default_factory=dict)
     world_size: int | None = None  # NOTE [ Plans of a job ]; None: the plan does not say
     signatures: dict[int, str] = field(default_factory=dict)  # rank -> its profile's signature
 
@@ -277,13 +285,17 @@ class Plan:
         if self.carried_into_next:
             doc["carried_into_next"] = {str(r): {str(k): v for k, v in m.items()}
                                         for r, m in self.carried_into_next.items()}
+        if self.carried_into_first_kept:
+            doc["carried_into_first_kept"] = {
+                str(r): {"iteration": it, "ids": {str(k): v for k, v in ids.items()}}
+                for r, (it, ids) in self.carried_into_first_kept.items()}
         if self.first is not None:
             doc["first_iteration"] = self.first.to_json()
         return doc
 
     @classmethod
     def from_json(cls, doc: Any, source: object = "plan") -> Plan:
-        """Validate and read a ``teraio-plan/4`` (or ``/3``) document; ``PlanFormatError`` on any problem
+        """Validate and read a ``teraio-plan/5`` (or ``/4``, ``/3``) document; ``PlanFormatError`` on any problem
         (an older plan is refused with what to do)."""
         if not isinstance(doc, dict):
             raise PlanFormatError(source, "not a JSON object")
@@ -317,6 +329,9 @@ class Plan:
                 first=None if first is None else cls.from_json(first, f"{source}, first_iteration"),
                 carried_into_next={int(r): {int(k): int(v) for k, v in m.items()}
                                    for r, m in doc.get("carried_into_next", {}).items()},
+                carried_into_first_kept={
+                    int(r): (int(k["iteration"]), {int(a): int(b) for a, b in k["ids"].items()})
+                    for r, k in doc.get("carried_into_first_kept", {}).items()},
                 world_size=None if doc.get("world_size") is None else int(doc["world_size"]),
                 signatures={int(r): str(sig) for r, sig in doc.get("signatures", {}).items()},
             )

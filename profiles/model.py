@@ -62,6 +62,16 @@ class Profile:
     def signature(self) -> str:
         return str(self.meta["signature"])
 
+    def carried_into_first_kept(self, rank: int = 0) -> tuple[int, dict[int, int]] | None:
+        """(the first kept iteration, {steady id: the id its storage has in that iteration}) for
+        the storages ``rank``'s first kept iteration (iteration 2 or later) carries in and keeps
+        for good, named by their long ids in the tables (NOTE [ Kept for good ] in
+        ``torch_patch.tracer``); None where it has none."""
+        kept = (self.meta.get("carried_into_first_kept") or {}).get(str(rank))
+        if not kept:
+            return None
+        return int(kept["iteration"]), {int(k): int(v) for k, v in kept["ids"].items()}
+
     @property
     def ranks(self) -> list[int]:
         return sorted(int(r) for r in self.kernels["rank"].unique())
@@ -88,8 +98,8 @@ class Profile:
 def merge_ranks(parts: list[Profile]) -> Profile:
     """One profile of a job from its ranks' own profiles (each of one rank): the tables side
     by side (their ``rank`` column tells them apart), ``meta`` of the lowest rank with the
-    job's ``ranks``, per-rank ``signatures``, ``carried_into_next``, ``written_unseen`` and set-aside
-    iterations.
+    job's ``ranks``, per-rank ``signatures``, ``carried_into_next``, ``carried_into_first_kept``,
+    ``written_unseen`` and set-aside iterations.
     """
     parts = sorted(parts, key=lambda p: p.ranks[0])
     ranks = [r for p in parts for r in p.ranks]
@@ -105,8 +115,9 @@ def merge_ranks(parts: list[Profile]) -> Profile:
         "compiled": sorted({c for p in parts for c in p.meta.get("compiled", [])}),
         "written_unseen": meta("written_unseen"),
     }
-    if "carried_into_next" in parts[0].meta:
-        merged["carried_into_next"] = meta("carried_into_next")
+    for key in ("carried_into_next", "carried_into_first_kept"):
+        if any(key in p.meta for p in parts):
+            merged[key] = meta(key)
     firsts = [p.first for p in parts if p.first is not None]
     return Profile(
         meta=merged,
@@ -205,6 +216,11 @@ def _check_values(path: Path, p: Profile) -> None:
         raise bad("kernels.parquet", "negative duration_us")
     if (p.kernels["scratch_bytes"] < 0).any():
         raise bad("kernels.parquet", "negative scratch_bytes")
+    for rank in p.ranks:
+        try:
+            p.carried_into_first_kept(rank)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise bad(META_FILE, f"carried_into_first_kept of rank {rank} is malformed ({exc!r})") from None
     known = set(zip(p.tensors["rank"], p.tensors["tensor_id"], strict=True))
     used = set(zip(p.accesses["rank"], p.accesses["tensor_id"], strict=True))
     if not used <= known:

@@ -34,7 +34,14 @@ id in ``plan_ids``, which maps it to the storage's id now:
   storages by their long ids, which every iteration gives them alike (a feature
   bank made before the loop; left unmapped, the bank the plan has out stayed in,
   and the iteration after an evaluation went 1.72x over its budget); its other
-  transient ids mean nothing to the plan.
+  transient ids mean nothing to the plan;
+- and before the profile's first kept iteration where it is 2 or later, whatever
+  came before: the storages the iteration before made and kept for good (DDP's
+  buckets, rebuilt in iteration 1), which have a flagged id in it and their long
+  one after, by the profile's map (``carried_into_first_kept``, NOTE [ Kept for
+  good ] in ``torch_patch.tracer``).
+
+A map's storage is taken only where it has the plan's size.
 """
 
 from __future__ import annotations
@@ -92,29 +99,28 @@ class Boundary:
 
 def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, int],
                 names: Mapping[str, int], live_bytes: Callable[[int], int | None],
-                out: Collection[int], after_first: bool = False) -> Boundary:
+                out: Collection[int], after_first: bool = False, iteration: int | None = None) -> Boundary:
     """The boundary before an iteration that follows the steady plan of ``rank``.
 
     ``renamed``: old id -> new id of every storage renamed at this boundary;
     ``names``: persistent name -> id now; ``live_bytes(id)``: the size of the live
     storage with that id now, None if none; ``out``: ids now of the storages that
-    are offloaded or on their way out; ``after_first``: the iteration that ended is 0.
+    are offloaded or on their way out; ``after_first``: the iteration that ended is 0;
+    ``iteration``: the one that begins.
     """
+    kept = plan.carried_into_first_kept.get(rank)
+    kept_for_good = _of_its_size(plan, rank, kept[1], live_bytes) if kept and kept[0] == iteration else {}
     if ending is Ending.STEADY:
-        return Boundary({old: new for old, new in renamed.items() if old >= PRODUCED_BASE}, (), ())
-    plan_ids: dict[int, int] = {}
+        return Boundary({old: new for old, new in renamed.items() if old >= PRODUCED_BASE} | kept_for_good, (), ())
+    plan_ids: dict[int, int] = dict(kept_for_good)
     if ending is Ending.FIRST and plan.first is not None:
         for steady, made in plan.first.carried_into_next.get(rank, {}).items():
             plan_ids[steady] = plan_ids[steady | CARRIED_FLAG] = made
     elif after_first and plan.first is not None:
         # Iteration 0 ran on demand, so its transient ids may not be the profile's; but a storage
-        # kept for good (NOTE [ Kept for good ] in torch_patch.tracer) has no other name in
-        # iteration 1 than its flagged one: taken where that storage has the plan's size (before,
-        # iteration 1 went 1.55x over its budget with the data set it could not find).
-        sizes = {m.tensor_id: m.size_bytes for m in plan.migrations.get(rank, [])}
-        for steady, made in plan.first.carried_into_next.get(rank, {}).items():
-            if LONG_BASE <= steady < CARRIED_FLAG and steady in sizes and live_bytes(made) == sizes[steady]:
-                plan_ids[steady] = made
+        # kept for good has no other name in iteration 1 than its flagged one (before, iteration 1
+        # went 1.55x over its budget with the data set it could not find).
+        plan_ids |= _of_its_size(plan, rank, plan.first.carried_into_next.get(rank, {}), live_bytes)
     for m in plan.migrations.get(rank, []):
         if m.tensor_id >= PRODUCED_BASE and m.name is not None and m.name in names:
             plan_ids[m.tensor_id] = names[m.name]
@@ -131,3 +137,12 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
         else:  # not found, or another storage: leave it be (it is out once it dies)
             plan_ids.pop(m.tensor_id, None)
     return Boundary(plan_ids, tuple(send_out), tuple(t for t in out if t not in stays_out))
+
+
+def _of_its_size(plan: Plan, rank: int, ids: Mapping[int, int],
+                 live_bytes: Callable[[int], int | None]) -> dict[int, int]:
+    """Of ``ids`` (plan id -> id now), the long-lived storages the plan moves whose storage now
+    has the plan's size (NOTE [ Kept for good ] in torch_patch.tracer)."""
+    sizes = {m.tensor_id: m.size_bytes for m in plan.migrations.get(rank, [])}
+    return {steady: made for steady, made in ids.items()
+            if LONG_BASE <= steady < CARRIED_FLAG and steady in sizes and live_bytes(made) == sizes[steady]}

@@ -1017,7 +1017,7 @@ class PlanExecutor(OpStream):
             self.plan, self.rank, self._ending, renamed=self._renamed,
             names={name: tid for tid, (name, _) in self.persistent.items()},
             live_bytes=self._live_bytes, out={t for t, e in self.moved.items() if not e.touched},
-            after_first=self.iteration == 1)
+            after_first=self.iteration == 1, iteration=self.iteration)
         self.plan_ids = boundary.plan_ids
         self.schedule = self.steady
         self._sent_again.clear()  # ``_again`` was emptied as the iteration ended

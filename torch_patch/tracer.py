@@ -275,7 +275,7 @@ class Tracer(OpStream):
         self._longest_s = 0.0  # the longest step so far: from one boundary to the next
         self.rank_wait_s = RANK_WAIT_S  # NOTE [ Ranks out of step ]
         self.first_carried: dict[int, int] = {}  # steady id -> its id in iteration 1, made in 0
-        self._long_after_1: dict[int, int] = {}  # iteration 1's flagged ids -> the long ids they took at its end
+        self._long_after: dict[int, dict[int, int]] = {}  # iteration -> flagged id -> long id taken at its end
         self._rec: _Iteration | None = None
         self._t0 = time.perf_counter_ns()
         self._now = time.perf_counter_ns
@@ -637,31 +637,35 @@ class Tracer(OpStream):
         return "more"
 
     # NOTE [ Kept for good ]: a storage alive across two boundaries (a data set or a table made
-    # before the loop, a cache made in the first step) is carried into iteration 1 under a flagged
-    # id and becomes long-lived at its end (NOTE [ Carried storages ], profiles.ids). A default
-    # profile keeps iterations 1 and 2, so it had two rows of it, both alive throughout: a 1 MiB
+    # before the loop, a cache made in the first step) is carried into the next iteration under a
+    # flagged id and becomes long-lived at its end (NOTE [ Carried storages ], profiles.ids). A
+    # profile keeps two iterations, so it had two rows of it, both alive throughout: a 1 MiB
     # table counted twice in the peak, and a 16 MiB one raised a script's profiled peak from 19
-    # to 35 MiB. So iteration 1's tables name such storages by their long ids, and iteration 0's
-    # plan hands them on under those ids (``first_carried``: the runtime maps the long id to the
-    # flagged one in iteration 1, NOTE [ Boundaries ] in runtime.boundary). Only iteration 1:
-    # nothing maps the ids of a later one, and a plan that named DDP's buckets (rebuilt in
-    # iteration 1, flagged in 2) by the long ids a run gives them only from iteration 3 on went
-    # 22% over its budget in iteration 2. There the steady plan has them as iteration 2 named them.
+    # to 35 MiB. So the first kept iteration's tables name such storages by their long ids, and
+    # the runtime maps the long id to the flagged one in that iteration:
+    # - a default profile keeps iteration 1 from on; iteration 0's plan hands such storages on
+    #   under their long ids (``first_carried``, NOTE [ Boundaries ] in runtime.boundary);
+    # - one that set iteration 1 aside keeps 2 from on, where what iteration 1 made (DDP's
+    #   buckets, rebuilt there) is flagged: the profile's ``carried_into_first_kept`` maps the
+    #   long ids to those for that iteration. Without it a plan that named the buckets by their
+    #   long ids went 22% over its budget in iteration 2; with both rows, a DDP profile counted
+    #   every bucket twice (7.69 MB against 6.81 for the job test's rank).
     # The kept tables are named so when the profile is made, and a profile ends only once its
     # last boundary has named what it carries (``begin_iteration`` raises ``ProfileComplete``):
     # one that kept iteration 1 alone (``--iters 1``) ended before, and named such a storage by
     # its flagged id, which a run has in iteration 1 alone (2 through the map): planned out, it
     # stayed in from iteration 3 on.
     def renamed(self, new_ids: dict[int, int]) -> None:
+        long = {old: new for old, new in new_ids.items() if old & CARRIED_FLAG and LONG_BASE <= new < CARRIED_FLAG}
+        if long:
+            self._long_after[self.iteration] = long
         if self.iteration == 1:
-            self._long_after_1 = {old: new for old, new in new_ids.items()
-                                  if old & CARRIED_FLAG and LONG_BASE <= new < CARRIED_FLAG}
-            self.first_carried.update({new: old for old, new in self._long_after_1.items()})
+            self.first_carried.update({new: old for old, new in long.items()})
 
-    def _named_for_good(self, tables: Tables) -> Tables:
-        """Iteration 1's ``tables`` with the storages that became long-lived at its end under
+    def _named_for_good(self, iteration: int, tables: Tables) -> Tables:
+        """``tables`` of ``iteration`` with the storages that became long-lived at its end under
         their long ids (NOTE [ Kept for good ])."""
-        long = self._long_after_1
+        long = self._long_after.get(iteration)
         if not long:
             return tables
         kernels, tensors, accesses = tables
@@ -819,15 +823,13 @@ class Tracer(OpStream):
     def profile(self, meta: dict[str, Any]) -> Profile:
         if not self.done:
             raise RuntimeError("no iteration recorded")
-        done = [self._named_for_good(t) if it == 1 else t for it, t in self.done]
+        i0 = self.done[0][0]
+        done = [self._named_for_good(it, t) if it == i0 else t for it, t in self.done]  # NOTE [ Kept for good ]
         merged = _kept_tensors(done)
         kernels = pd.concat([k for k, _, _ in done], ignore_index=True)
-        i0 = self.done[0][0]
+        long = self._long_after.get(i0, {})
         aligned = self._aligned.get(i0, {})
-        if i0 == 1:  # NOTE [ Kept for good ]
-            long = self._long_after_1
-            aligned = {t: long.get(a, a) for t, a in aligned.items()} | \
-                {t: n for t, n in long.items() if t not in aligned}
+        aligned = {t: long.get(a, a) for t, a in aligned.items()} | {t: n for t, n in long.items() if t not in aligned}
         tensors = _kept_in_memory(merged, self._unseen_at, i0, aligned)
         accesses = pd.concat([a for _, _, a in done], ignore_index=True)
         k0 = done[0][0]
@@ -851,6 +853,9 @@ class Tracer(OpStream):
             "signature": signature_of(k0["op_name"].tolist(), sizes),
             **meta,
         }
+        if i0 > 1 and long:  # NOTE [ Kept for good ]; for iteration 1 the first iteration's plan has them
+            full["carried_into_first_kept"] = {str(self.rank): {
+                "iteration": i0, "ids": {str(new): old for old, new in sorted(long.items())}}}
         full["signatures"] = {str(self.rank): full["signature"]}
         first = None
         if self.first is not None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from planner.plan import Migration, Plan
 from profiles.ids import CARRIED_FLAG, long_id, produced_id
 from runtime.boundary import Ending, Schedule, at_boundary
@@ -124,6 +126,25 @@ def test_after_iteration_0_on_demand_a_storage_kept_for_good_is_found_by_its_siz
         b = at_boundary(p, 0, Ending.ON_DEMAND, renamed={}, names={}, live_bytes=sizes(live), out=set(),
                         after_first=after_first)
         assert bank not in b.plan_ids and b.send_out == ()
+
+
+@pytest.mark.parametrize("ending", list(Ending))
+def test_before_the_first_kept_iteration_a_storage_the_one_before_kept_for_good_is_found(ending: Ending) -> None:
+    """DDP's buckets, rebuilt in iteration 1, have a flagged id in iteration 2 (the profile's
+    first kept one) and their long id from 3 on (NOTE [ Kept for good ] in torch_patch.tracer):
+    the plan's map finds them before iteration 2 whatever came before, where the storage has
+    the plan's size, and before no other iteration."""
+    bucket, flagged = long_id(1), produced_id(5, 1) | CARRIED_FLAG
+    base = plan()
+    p = Plan(signature="s", parameters=base.parameters, summary={}, op_names=base.op_names,
+             made_bytes=base.made_bytes, carried_into_first_kept={0: (2, {bucket: flagged})},
+             migrations={0: [migration(bucket, "offload", 9, size=64), migration(bucket, "prefetch", 2, size=64)]})
+    b = at_boundary(p, 0, ending, renamed={}, names={}, live_bytes=sizes({flagged: 64}), out=set(), iteration=2)
+    assert b.plan_ids == {bucket: flagged}
+    assert [tid for tid, _ in b.send_out] == ([] if ending is Ending.STEADY else [flagged])
+    for live, iteration in (({flagged: 65}, 2), ({flagged: 64}, 3), ({flagged: 64}, None)):
+        b = at_boundary(p, 0, ending, renamed={}, names={}, live_bytes=sizes(live), out=set(), iteration=iteration)
+        assert bucket not in b.plan_ids and b.send_out == ()
 
 
 def test_a_schedule_starts_offloads_before_prefetches_at_one_op() -> None:

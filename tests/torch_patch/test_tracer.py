@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -434,6 +435,45 @@ def test_a_tensor_made_before_the_loop_is_one_storage_in_every_kept_iteration(it
     steady = int(big["tensor_id"].iloc[0])
     assert steady in tracer.first_carried and tracer.first_carried[steady] & CARRIED_FLAG
     assert memory_curve(prof, 0, prof.iterations[0]).max() < 2 * table.untyped_storage().nbytes()
+
+
+def test_a_tensor_made_in_the_step_before_the_first_kept_one_is_one_storage() -> None:
+    """A cache made in step 1 and kept for good (as DDP rebuilds its buckets in step 1): step 1
+    is set aside, unlike the rest, so the profile keeps iterations 2 and 3; the cache has a
+    flagged id in 2 and its long id from 3 on. One row of it, under the long id, as in every
+    iteration from 3 on, and the profile maps that id to the flagged one for iteration 2
+    (``carried_into_first_kept``; before, two rows, the peak holding it twice)."""
+    from profiles import memory_curve
+    from profiles.ids import LONG_BASE
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state: dict[str, Any] = {"step": 0, "cache": None}
+
+    def step() -> None:
+        if state["step"] == 1:
+            state["cache"] = torch.randn(512 * 1024)  # 2 MiB
+        x = torch.randn(8, 64)
+        if state["cache"] is not None:
+            x = x + state["cache"][:64]
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        state["step"] += 1
+
+    tracer = trace(step, iters=2, warmup=1, steps=8)
+    prof = tracer.profile({})
+    assert prof.iterations == [2, 3]
+    nbytes = state["cache"].untyped_storage().nbytes()
+    rows = prof.tensors_of(0)
+    big = rows[rows["size_bytes"] == nbytes]
+    assert len(big) == 1, big
+    steady = int(big["tensor_id"].iloc[0])
+    assert LONG_BASE <= steady < CARRIED_FLAG
+    kept = prof.meta["carried_into_first_kept"]["0"]
+    assert kept["iteration"] == 2 and kept["ids"][str(steady)] & CARRIED_FLAG
+    assert memory_curve(prof, 0, 2).max() < 2 * nbytes
 
 
 def test_the_tensors_a_data_set_holds_are_found_through_its_wrappers() -> None:
