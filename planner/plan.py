@@ -1,4 +1,4 @@
-"""plan.json, format ``teraio-plan/4``: the one model of it, its writing and its reading.
+"""plan.json, format ``teraio-plan/5``: the one model of it, its writing and its reading.
 
 Every key, unit and meaning is written down in ``docs/formats.md``; the
 planner writes this model and the runtime reads it (``load_plan``).

@@ -104,7 +104,7 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
 
     ``renamed``: old id -> new id of every storage renamed at this boundary;
     ``names``: persistent name -> id now; ``live_bytes(id)``: the size of the live
-    storage with that id now, None if none; ``out``: ids now of the storages that
+    storage with that id now, in memory or out, None if none; ``out``: ids now of the storages that
     are offloaded or on their way out; ``after_first``: the iteration that ended is 0;
     ``iteration``: the one that begins.
     """

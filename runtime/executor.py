@@ -1041,8 +1041,10 @@ class PlanExecutor(OpStream):
         self.stats.peak_tracked_bytes = self.stats.tracked_bytes  # the new iteration's peak
 
     def _live_bytes(self, tid: int) -> int | None:
+        """The bytes of the live storage ``tid``, in memory or out (freed in place, its size is 0)."""
         storage = self.ids.storage(tid)
-        return None if storage is None else storage.nbytes()
+        entry = self.moved.get(tid)
+        return None if storage is None else entry.nbytes if entry is not None else storage.nbytes()
 
     def __enter__(self):  # type: ignore[no-untyped-def]
         out = super().__enter__()

@@ -863,8 +863,10 @@ class Tracer(OpStream):
             t = _kept_in_memory(t, self._unseen_at, 0, self._aligned.get(0, {}))
             signature = signature_of(k["op_name"].tolist(), dict(zip(t["tensor_id"], t["size_bytes"], strict=True)))
             carried = {str(new): old for new, old in sorted(self.first_carried.items())}
+            steady_only = ("carried_into_first_kept",)
             first = Profile(meta={
-                **full, "iterations": [0], "iterations_identical": True, "skipped_iterations": [],
+                **{k: v for k, v in full.items() if k not in steady_only},
+                "iterations": [0], "iterations_identical": True, "skipped_iterations": [],
                 "signature": signature, "signatures": {str(self.rank): signature},
                 "carried_into_next": {str(self.rank): carried},
             }, kernels=k, tensors=t, accesses=a)

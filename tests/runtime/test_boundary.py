@@ -142,6 +142,11 @@ def test_before_the_first_kept_iteration_a_storage_the_one_before_kept_for_good_
     b = at_boundary(p, 0, ending, renamed={}, names={}, live_bytes=sizes({flagged: 64}), out=set(), iteration=2)
     assert b.plan_ids == {bucket: flagged}
     assert [tid for tid, _ in b.send_out] == ([] if ending is Ending.STEADY else [flagged])
+    # out already (a plan's offload in iteration 1 before it left its plan): it stays out, not
+    # brought back for the iteration to keep in memory (the runtime's live_bytes gives its size)
+    b = at_boundary(p, 0, ending, renamed={}, names={}, live_bytes=sizes({flagged: 64}), out={flagged},
+                    iteration=2)
+    assert b.plan_ids == {bucket: flagged} and b.send_out == () and b.bring_back == ()
     for live, iteration in (({flagged: 65}, 2), ({flagged: 64}, 3), ({flagged: 64}, None)):
         b = at_boundary(p, 0, ending, renamed={}, names={}, live_bytes=sizes(live), out=set(), iteration=iteration)
         assert bucket not in b.plan_ids and b.send_out == ()

@@ -472,6 +472,7 @@ def test_a_tensor_made_in_the_step_before_the_first_kept_one_is_one_storage() ->
     steady = int(big["tensor_id"].iloc[0])
     assert LONG_BASE <= steady < CARRIED_FLAG
     kept = prof.meta["carried_into_first_kept"]["0"]
+    assert prof.first is not None and "carried_into_first_kept" not in prof.first.meta  # iteration 2's
     assert kept["iteration"] == 2 and kept["ids"][str(steady)] & CARRIED_FLAG
     assert memory_curve(prof, 0, 2).max() < 2 * nbytes
 
