@@ -8,7 +8,9 @@ offloads in flight until the bytes op k allocates fit the budget (NOTE [
 Room ]). A prefetch likewise makes room before it allocates. Waits are stalls,
 counted and timed. Which plan an iteration follows, and what moves at a
 boundary, is decided by ``runtime.boundary`` (NOTE [ Boundaries ]); this class
-applies it.
+applies it. Before an op of an iteration that left its plan, it sends the least
+recently used storages out until what the op brings back fits the budget (NOTE
+[ On demand within the budget ]).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.plan import Migration, Plan
+from profiles.ids import CARRIED_FLAG, LONG_BASE, PRODUCED_BASE
 from runtime.backends import Backend, BackendFull
 from runtime.boundary import Ending, Schedule, at_boundary
 from runtime.engine import Job, MigrationEngine
@@ -99,6 +102,7 @@ class RunStats:
     other_sizes: int = 0  # planned offloads left out: their storage had another size
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
     dropped_copies: int = 0  # kept copies an op wrote over before their offload came
+    evictions: int = 0  # tensors sent out in iterations run on demand, to stay within the budget
     # per direction ("write", "read"), per iteration: the bytes the engine moved, and the time it
     # was moving any (NOTE [ Copy streams ]: a CUDA job's wait for the compute left out)
     iteration_moved_bytes: dict[str, list[int]] = field(default_factory=lambda: {"write": [], "read": []})
@@ -220,6 +224,17 @@ class PlanExecutor(OpStream):
         self._lock = threading.RLock()  # held while the records change
         _EXECUTORS.add(self)
         self._held: dict[int, int] = {}  # id(storage) -> reads on other threads keeping it in memory
+        # NOTE [ On demand within the budget ]: the lasting storages the plan moves, when each
+        # storage was last used on demand, where they go
+        moves = plan.migrations.get(rank, [])
+        self._evictable = {m.tensor_id for m in moves
+                           if m.tensor_id < PRODUCED_BASE or LONG_BASE <= m.tensor_id < CARRIED_FLAG}
+        self._evict_transient = any(m.name is not None for m in moves)  # no writes teraio cannot see
+        self._used_at: dict[int, int] = {}
+        self._clock = 0
+        self._busy: set[int] = set()  # used by a collective in this iteration
+        self._spill = "ssd" if "ssd" in backends else "host"
+        self._largest_made = max(self.steady.made_bytes, default=0)  # what an op may allocate
 
     # ---- per op ----------------------------------------------------------------
     # NOTE [ Forked children ]: a process forked from the training process (a multiprocessing
@@ -248,10 +263,11 @@ class PlanExecutor(OpStream):
         if self.engine.completed:
             self._drain()
         schedule = self.schedule
+        name = str(func)
         if schedule is not None:
-            if index >= schedule.num_ops or schedule.op_names[index] != str(func):
+            if index >= schedule.num_ops or schedule.op_names[index] != name:
                 expected = schedule.op_names[index] if index < schedule.num_ops else "the end of the iteration"
-                self._leave(f"op {index}: ran {func}, the plan expects {expected}")
+                self._leave(f"op {index}: ran {name}, the plan expects {expected}")
             else:
                 for m in schedule.triggers.get(index, ()):
                     self._start(m)
@@ -259,14 +275,21 @@ class PlanExecutor(OpStream):
                         break
         if self._again:
             self._send_again(func, inputs)
+        if name.startswith("c10d."):
+            self._busy.update(tid for tid, _, _ in inputs)
+        on_demand = self.schedule is None and self.iteration > 0 and self.steady.budget_bytes is not None
+        if on_demand:
+            self._evict_for(inputs)
         if self.moved:
-            for tid, _, _ in inputs:
+            for tid, _, written in inputs:
                 entry = self.moved.get(tid)
                 if entry is None:
                     continue
+                if on_demand and tid in self._evictable and entry.state in (Residency.SSD, Residency.HOST):
+                    entry.keep_for_reuse = self.reuse_copies and not written  # NOTE [ On demand within the budget ]
                 # NOTE [ Ops on a tensor going out ]: not where the iteration left its plan at this op
                 if (self.schedule is not None and tid not in self._sent_again and tid not in self._again
-                        and not str(func).startswith("c10d.")):
+                        and not name.startswith("c10d.")):
                     if entry.state is Residency.OFFLOADING and not entry.touched and entry.job is not None:
                         self._again[tid] = (entry.target, entry.job.urgent, entry.job.priority)
                     elif entry.state in (Residency.SSD, Residency.HOST):
@@ -353,6 +376,7 @@ class PlanExecutor(OpStream):
         if tensor_id in self.copies:
             self._drop_copy(tensor_id)
         self._again.pop(tensor_id, None)
+        self._used_at.pop(tensor_id, None)
         entry = self.moved.pop(tensor_id, None)
         n = self.sizes.pop(tensor_id, 0)
         if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
@@ -577,10 +601,12 @@ class PlanExecutor(OpStream):
     # (``time.sleep(0)``) and applies the frees that came, as long as some do (only the thread
     # that runs the ops applies them: NOTE [ Frees on other threads ]). An exit or a save, which
     # runs no op, does not wait so.
-    def _make_room(self, nbytes: int, for_op: bool = True) -> None:
-        """Wait for offloads in flight, oldest first, until ``nbytes`` more fit the budget or
-        none is left, then, before an op (``for_op``), for frees waiting for the GIL (NOTE [ Room ])."""
-        budget = self.schedule.budget_bytes if self.schedule is not None else None
+    def _make_room(self, nbytes: int, for_op: bool = True, budget: int | None = None) -> None:
+        """Wait for offloads in flight, oldest first, until ``nbytes`` more fit the budget (this
+        iteration's plan's, or ``budget``) or none is left, then, before an op (``for_op``), for
+        frees waiting for the GIL (NOTE [ Room ])."""
+        if budget is None and self.schedule is not None:
+            budget = self.schedule.budget_bytes
         writes = self._writes
         if budget is None:
             return
@@ -594,6 +620,61 @@ class PlanExecutor(OpStream):
             time.sleep(0)  # NOTE [ Frees that wait for the GIL ]
             if not self.ids.drain_here():  # a checkpoint writer's thread: its frees are not its to apply
                 break
+
+    # NOTE [ On demand within the budget ]: an iteration that leaves its plan (an evaluation
+    # between steps, a checkpoint, a step whose ops differ) runs on demand: what an op uses comes
+    # back, and nothing went out again, so such an iteration ended at the plain run's peak: an
+    # evaluation after step 4 of tests/compat/scripts/eval_and_checkpoint.py took iteration 5 to
+    # 2.0x its budget, which on a GPU is an out-of-memory error. So before each op of such an
+    # iteration (from iteration 1 on, where ids are the plan's), while what is resident and what
+    # the op brings back exceed the plan's budget, resident storages go out, least recently used
+    # by an op on demand first, and the op waits for their writes. Those that may: what the plan
+    # moves under lasting ids (parameters, optimizer state, storages kept for good), and
+    # storages made in iterations (activations, gradients, batches), as the plan moves them,
+    # where the plan moves named ones; never a lasting one the plan leaves in, nor a transient
+    # one where it moves no named one (its profile may have seen a storage written where teraio
+    # cannot see, as an extension's optimizer writes through pointers, or read by a DataLoader's
+    # workers), one the op uses, one a collective used in
+    # this iteration (it may still be moving: NOTE [ Busy in a collective ] in planner.problem),
+    # or one another thread reads. A lasting one fetched on demand that the op does not write
+    # keeps its copy, so it goes out again writing nothing (an evaluation reads every parameter
+    # once); those copies are dropped at the iteration's end, as no plan counts them. An op's own
+    # outputs are not known before it runs: room is made for the most any op of the plan
+    # allocates (``made_bytes``), and one that allocates more goes over the budget by the rest
+    # until the next op. Where an op's inputs alone exceed the budget, they are all brought back.
+    def _evict_for(self, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+        """Before an op run on demand: out with the least recently used storages until what the
+        op brings back fits the budget (NOTE [ On demand within the budget ])."""
+        self._clock += 1
+        used = {tid for tid, _, _ in inputs}
+        for tid in used:
+            self._used_at[tid] = self._clock
+        budget = self.steady.budget_bytes
+        assert budget is not None
+        need = sum(e.nbytes for tid in used if (e := self.moved.get(tid)) is not None
+                   and e.state in (Residency.SSD, Residency.HOST))
+        excess = self.stats.tracked_bytes + need + self._largest_made - budget
+        if excess <= 0:
+            return
+        sizes, used_at, evictable, transient = self.sizes, self._used_at, self._evictable, self._evict_transient
+        idle = [tid for tid in sizes if tid not in used and tid not in self._busy and tid not in self.moved
+                and (tid in evictable or transient and tid >= PRODUCED_BASE and not LONG_BASE <= tid < CARRIED_FLAG)]
+        for tid in sorted(idle, key=lambda t: (used_at.get(t, 0), -sizes[t])):
+            storage = self.ids.storage(tid)
+            if storage is None or not storage.nbytes() or not self.movable(storage):
+                continue
+            nbytes = storage.nbytes()
+            kept = self.copies.get(tid)
+            target = kept.target if kept is not None else self._spill
+            if not (self.reuse_copies and self._reuse_copy(tid, storage, target)):
+                self._offload(tid, storage, target, urgent=True)
+                if tid not in self.moved:  # another thread reads it
+                    continue
+            self.stats.evictions += 1
+            excess -= nbytes
+            if excess <= 0:
+                break
+        self._make_room(need + self._largest_made, budget=budget)
 
     # NOTE [ Writes of a tensor needed again ]: a tensor whose write is still in flight when it
     # is needed again (its prefetch is due, an op uses it, a boundary has it in) stays where it
@@ -967,8 +1048,11 @@ class PlanExecutor(OpStream):
         self.stats.other_sizes += self._other_sizes
         self._offloads_started = self._other_sizes = 0
         self._first_other_size = None
+        self._busy.clear()
+        self._used_at.clear()
         if schedule is None:
             self._ending = Ending.ON_DEMAND
+            self._drop_copies()  # NOTE [ On demand within the budget ]: no plan counts them
         elif schedule is self.steady:
             self._ending = Ending.STEADY
             self.matched_iterations += 1

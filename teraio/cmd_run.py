@@ -38,7 +38,9 @@ def _summary(r: dict[str, Any]) -> str:
         f"{r['on_demand_fetches']}, written {_mib(sum(r['bytes_written'].values()))}, read "
         f"{_mib(sum(r['bytes_read'].values()))}"
         + (f", {r['reused_offloads']} offloads wrote nothing (their kept copy was good)"
-           if r.get("reused_offloads") else ""),
+           if r.get("reused_offloads") else "")
+        + (f", {r['evictions']} tensors sent out to hold iterations run on demand to the budget"
+           if r.get("evictions") else ""),
     ]
     if r["unfollowed_iterations"]:
         its = ", ".join(str(u["iteration"]) for u in r["unfollowed_iterations"])

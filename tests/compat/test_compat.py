@@ -213,6 +213,22 @@ def test_evaluation_and_checkpoint_between_steps(when: str, tmp_path: Path) -> N
         assert f"iteration {step + 1} is not in the profile" in teraio.profile_stderr
 
 
+def test_an_iteration_with_an_evaluation_runs_on_demand_within_the_budget(tmp_path: Path) -> None:
+    """An evaluation after step 4 takes iteration 5 off its plan; on demand, what its ops bring
+    back sends the least recently used out, so it keeps to the budget too (NOTE [ On demand
+    within the budget ] in runtime.executor: it went to 2.0x, every parameter and state back in
+    memory), and gives the same evaluation and losses."""
+    plain, teraio = compare(SCRIPTS / "eval_and_checkpoint.py", ["--eval-after", "4"], tmp_path)
+    assert_identical(plain, teraio)
+    assert [line for line in plain.stdout.splitlines() if line.startswith("eval")] == \
+        [line for line in teraio.stdout.splitlines() if line.startswith("eval")]
+    assert teraio.report is not None and teraio.budget is not None
+    assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [5]
+    assert teraio.report["evictions"] > 0
+    peaks = teraio.report["iteration_peak_bytes"]
+    assert max(peaks[1:]) <= 1.05 * teraio.budget, (teraio.budget, peaks)
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_checkpoints_saved_on_a_background_thread(overlap: bool, tmp_path: Path) -> None:
     """torch.save of the model's and optimizer's state on a thread of the script's own, joined at
