@@ -240,6 +240,7 @@ def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, A
         "stall_s": s.stall_s,
         "iteration_stall_s": s.iteration_stall_s,
         "on_demand_fetches": s.on_demand_fetches,
+        "iteration_on_demand_fetches": s.iteration_on_demand_fetches,
         # NOTE [ On demand within the budget ] in runtime.executor
         "evictions": s.evictions,
         # NOTE [ Copies kept ]: offloads that wrote nothing, and kept copies an op wrote over

@@ -94,6 +94,7 @@ class RunStats:
     iteration_s: list[float] = field(default_factory=list)
     iteration_peak_bytes: list[int] = field(default_factory=list)
     iteration_stall_s: list[float] = field(default_factory=list)  # stall time of each iteration
+    iteration_on_demand_fetches: list[int] = field(default_factory=list)
     iteration_peak_rss_bytes: list[int] = field(default_factory=list)
     iteration_peak_cuda_bytes: list[int] = field(default_factory=list)  # allocated, CUDA only
     iteration_followed: list[bool] = field(default_factory=list)  # followed its plan to the end
@@ -224,6 +225,7 @@ class PlanExecutor(OpStream):
         self._lock = threading.RLock()  # held while the records change
         _EXECUTORS.add(self)
         self._held: dict[int, int] = {}  # id(storage) -> reads on other threads keeping it in memory
+        self._saving: dict[int, int] = {}  # id(storage) -> saves on this thread reading it
         # NOTE [ On demand within the budget ]: the lasting storages the plan moves, when each
         # storage was last used on demand, where they go
         moves = plan.migrations.get(rank, [])
@@ -234,6 +236,9 @@ class PlanExecutor(OpStream):
         self._clock = 0
         self._busy: set[int] = set()  # used by a collective in this iteration
         self._spill = "ssd" if "ssd" in backends else "host"
+        # the device whose memory the budget holds: a CUDA run's CPU tensors (a pinned batch an
+        # asynchronous copy may still read) are not sent out on demand
+        self._device = "cuda" if plan.device_type != "cpu" and torch.cuda.is_available() else "cpu"
         self._largest_made = max(self.steady.made_bytes, default=0)  # what an op may allocate
 
     # ---- per op ----------------------------------------------------------------
@@ -630,13 +635,16 @@ class PlanExecutor(OpStream):
     # the op brings back exceed the plan's budget, resident storages go out, least recently used
     # by an op on demand first, and the op waits for their writes. Those that may: what the plan
     # moves under lasting ids (parameters, optimizer state, storages kept for good), and
-    # storages made in iterations (activations, gradients, batches), as the plan moves them,
-    # where the plan moves named ones; never a lasting one the plan leaves in, nor a transient
-    # one where it moves no named one (its profile may have seen a storage written where teraio
-    # cannot see, as an extension's optimizer writes through pointers, or read by a DataLoader's
-    # workers), one the op uses, one a collective used in
+    # storages made in this iteration (activations, gradients, batches), as the plan moves
+    # them, where the plan moves named ones; never a lasting one the plan leaves in, nor a
+    # transient one where it moves no named one (its profile may have seen a storage written
+    # where teraio cannot see, as an extension's optimizer writes through pointers, or read by a
+    # DataLoader's workers), nor one carried from the iteration before (a collective of that
+    # iteration may still be sending it), one the op uses, one a collective used in
     # this iteration (it may still be moving: NOTE [ Busy in a collective ] in planner.problem),
-    # or one another thread reads. A lasting one fetched on demand that the op does not write
+    # one another thread reads, or one a torch.save is writing (its pickling runs ops: a
+    # checkpoint saved mid-iteration held empty storages where the save's own ``detach`` ops
+    # sent out what it had just brought back). A lasting one fetched on demand that the op does not write
     # keeps its copy, so it goes out again writing nothing (an evaluation reads every parameter
     # once); those copies are dropped at the iteration's end, as no plan counts them. An op's own
     # outputs are not known before it runs: room is made for the most any op of the plan
@@ -658,10 +666,11 @@ class PlanExecutor(OpStream):
             return
         sizes, used_at, evictable, transient = self.sizes, self._used_at, self._evictable, self._evict_transient
         idle = [tid for tid in sizes if tid not in used and tid not in self._busy and tid not in self.moved
-                and (tid in evictable or transient and tid >= PRODUCED_BASE and not LONG_BASE <= tid < CARRIED_FLAG)]
+                and (tid in evictable or transient and PRODUCED_BASE <= tid < LONG_BASE)]
         for tid in sorted(idle, key=lambda t: (used_at.get(t, 0), -sizes[t])):
             storage = self.ids.storage(tid)
-            if storage is None or not storage.nbytes() or not self.movable(storage):
+            if (storage is None or not storage.nbytes() or storage.device.type != self._device
+                    or not self.movable(storage) or id(storage) in self._saving):
                 continue
             nbytes = storage.nbytes()
             kept = self.copies.get(tid)
@@ -898,8 +907,10 @@ class PlanExecutor(OpStream):
         try:
             with _disable_current_modes():  # the walk's own ops (a sparse tensor's parts) are not the script's
                 storages = self._storages_in(obj)
+            read = storages
         except Exception:  # noqa: BLE001 - an object pickle cannot walk: bring everything back
             storages = [e.storage() for e in list(self.moved.values())]
+            read = list(self.ids.live().values())
         if os.getpid() != self._pid:  # a forked child (a DataLoader worker): no I/O threads here
             out = [self._describe(t) for s in storages if s is not None and (t := self.ids.get(s)) in self.moved]
             if out:
@@ -912,7 +923,10 @@ class PlanExecutor(OpStream):
                 yield
             return
         refree: list[tuple[int, _Entry]] = []
+        saving = [id(s) for s in read if s is not None]  # NOTE [ On demand within the budget ]
         with self._lock:
+            for key in saving:
+                self._saving[key] = self._saving.get(key, 0) + 1
             for storage in storages:
                 if storage is None:
                     continue
@@ -931,6 +945,9 @@ class PlanExecutor(OpStream):
             yield
         finally:
             with self._lock:
+                for key in saving:
+                    if (n := self._saving.pop(key) - 1) > 0:
+                        self._saving[key] = n
                 for tid, entry in refree:
                     storage = entry.storage()
                     if storage is not None and tid not in self.moved and id(storage) in self._held:
@@ -1067,6 +1084,7 @@ class PlanExecutor(OpStream):
         s.iteration_s.append(now - self._iter_t0)
         s.iteration_peak_bytes.append(s.peak_tracked_bytes)
         s.iteration_stall_s.append(s.stall_s - self._iter_stall_s0)
+        s.iteration_on_demand_fetches.append(s.on_demand_fetches - sum(s.iteration_on_demand_fetches))
         s.iteration_followed.append(self._ending is not Ending.ON_DEMAND)
         self._iter_stall_s0 = s.stall_s
         self._iter_t0 = now

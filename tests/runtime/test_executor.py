@@ -177,7 +177,9 @@ def test_kept_copies_are_reused_only_while_nothing_writes_the_storage(plan: Plan
                  reuse_copies=False) as written:
         assert same(train(6), expected)
     assert written.stats.reused_offloads == 0 and not written.copies
-    assert sum(written.stats.bytes_written.values()) == sum(ex.stats.bytes_written.values())
+    # as much as the plan keeping no copies, and more where that one's ops after the last step
+    # sent out on demand what they had fetched unchanged (NOTE [ On demand within the budget ])
+    assert sum(written.stats.bytes_written.values()) >= sum(ex.stats.bytes_written.values())
 
 
 def test_a_ctrl_c_as_a_kept_copy_is_reused_loses_nothing(plan: Plan, tmp_path: Path,
@@ -710,12 +712,15 @@ def test_an_op_on_a_tensor_going_out_leaves_it_out(op: str, tmp_path: Path) -> N
     with offload(plan, swap_dir=tmp_path) as ex:
         assert same(ema_train(6, seen, write_last), expected)
     assert ex.matched_iterations >= 4 and not ex.unfollowed
+    # in the iterations the script ended (the ops after its last step run on demand, and may
+    # send it out and fetch it again: NOTE [ On demand within the budget ])
+    fetches = ex.stats.iteration_on_demand_fetches
     if op.endswith("has it in"):  # fetched on demand for the view, then kept in: not sent out, not read again
-        assert seen == [size] * 6 and ex.stats.on_demand_fetches == 5 and ex.stats.reused_offloads == 0, seen
+        assert seen == [size] * 6 and fetches == [0] + [1] * 5 and ex.stats.reused_offloads == 0, (seen, fetches)
         return
     assert seen[0] == size and seen[1:] == [0] * 5, seen  # out in every iteration the plan has it out
     if once_out:  # fetched on demand for the view, freed against its copy after the read
-        assert ex.stats.on_demand_fetches == 5 and ex.stats.reused_offloads == 5
+        assert fetches == [0] + [1] * 5 and ex.stats.reused_offloads == 5, fetches
 
 
 def twin_train(steps: int, swap_from: int | None = None,
