@@ -43,6 +43,7 @@ bench: install
 	$(PY) bench/fidelity.py
 	$(PY) bench/compile.py
 	$(PY) bench/jobs.py
+	$(PY) bench/on_demand.py
 
 # On a lent GPU machine, with its own torch and nothing installed: the tests that run on CUDA, the
 # predictions and the curve against checkpointing, in about 6 minutes (BENCHMARKS.md, the H200 section).

@@ -1,0 +1,63 @@
+"""An evaluation between steps under teraio: the iteration that holds it, run on demand.
+
+    python bench/on_demand.py [--runs 3] [--budget 50%]
+
+The training loop of tests/compat/scripts/eval_and_checkpoint.py evaluates after step 4, so
+iteration 5's ops leave the plan and it runs on demand (NOTE [ On demand within the budget ]
+in runtime/executor.py). Profiled and planned at ``--budget`` of its peak, then run ``--runs``
+times with the same plan, each beside a plain run of the script (same losses required). Per
+run: iteration 5's tracked peak over the budget, its time over the median of the iterations
+that followed the plan, and the tensors sent out in it. Ends with one line of key=value
+figures (medians over the runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import quiet
+from demo import ROOT, losses, sh, teraio
+
+SCRIPT = ROOT / "tests" / "compat" / "scripts" / "eval_and_checkpoint.py"
+ARGS = ["--eval-after", "4"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--budget", default="50%", help="teraio plan --gpu-mem (default 50%% of the peak)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="teraio-on-demand-") as d:
+        tmp = Path(d)
+        sh(*teraio("profile", SCRIPT, "--out", tmp / "prof", "--", *ARGS))
+        sh(*teraio("plan", tmp / "prof", "--gpu-mem", args.budget, "--ssd-bw", "2", "--host-mem", "64M",
+                   "--out", tmp / "plan.json"))
+        peak, slower, sent = [], [], []
+        for i in range(args.runs):
+            plain = sh(sys.executable, SCRIPT, *ARGS, quiet=True)
+            report = tmp / f"run{i}.json"
+            run = quiet.sh(*teraio("run", "--plan", tmp / "plan.json", "--swap-dir", tmp, "--report", report,
+                                   SCRIPT, "--", *ARGS), label=f"run {i}")
+            if losses(run.stdout) != losses(plain.stdout):
+                raise SystemExit("on_demand: the losses under teraio differ from the plain run's")
+            r = json.loads(report.read_text())
+            budget, times = r["predicted"]["gpu_mem_bytes"], r["iteration_s"]
+            followed = [t for k, (t, f) in enumerate(zip(times, r["iteration_followed"], strict=True)) if k and f]
+            peak.append(r["iteration_peak_bytes"][5] / budget)
+            slower.append(times[5] / statistics.median(followed))
+            sent.append(r.get("evictions", 0))  # absent before the on-demand budget
+            print(f"run {i}: iteration 5 (on demand) peak {peak[-1]:.3f}x the budget of "
+                  f"{budget / 2**20:.1f} MiB, {times[5] * 1e3:.1f} ms = {slower[-1]:.2f}x the followed "
+                  f"iterations' median; {sent[-1]} tensors sent out; losses equal", flush=True)
+    print(quiet.TALLY.line())
+    print(f"on_demand_peak_over_budget={statistics.median(peak):.3f} "
+          f"on_demand_time_over_followed={statistics.median(slower):.2f} evictions={statistics.median(sent):g}")
+
+
+if __name__ == "__main__":
+    main()
