@@ -37,26 +37,31 @@ def main() -> None:
         sh(*teraio("profile", SCRIPT, "--out", tmp / "prof", "--", *ARGS))
         sh(*teraio("plan", tmp / "prof", "--gpu-mem", args.budget, "--ssd-bw", "2", "--host-mem", "64M",
                    "--out", tmp / "plan.json"))
-        peak, slower, sent = [], [], []
+        figures: dict[str, dict[str, list[float]]] = {}
         for i in range(args.runs):
             plain = sh(sys.executable, SCRIPT, *ARGS, quiet=True)
-            report = tmp / f"run{i}.json"
-            run = quiet.sh(*teraio("run", "--plan", tmp / "plan.json", "--swap-dir", tmp, "--report", report,
-                                   SCRIPT, "--", *ARGS), label=f"run {i}")
-            if losses(run.stdout) != losses(plain.stdout):
-                raise SystemExit("on_demand: the losses under teraio differ from the plain run's")
-            r = json.loads(report.read_text())
-            budget, times = r["predicted"]["gpu_mem_bytes"], r["iteration_s"]
-            followed = [t for k, (t, f) in enumerate(zip(times, r["iteration_followed"], strict=True)) if k and f]
-            peak.append(r["iteration_peak_bytes"][5] / budget)
-            slower.append(times[5] / statistics.median(followed))
-            sent.append(r.get("evictions", 0))  # absent before the on-demand budget
-            print(f"run {i}: iteration 5 (on demand) peak {peak[-1]:.3f}x the budget of "
-                  f"{budget / 2**20:.1f} MiB, {times[5] * 1e3:.1f} ms = {slower[-1]:.2f}x the followed "
-                  f"iterations' median; {sent[-1]} tensors sent out; losses equal", flush=True)
+            for mode, opts in (("", []), ("held_", ["--hold-on-demand"])):
+                report = tmp / f"run{i}.json"
+                run = quiet.sh(*teraio("run", "--plan", tmp / "plan.json", "--swap-dir", tmp, "--report", report,
+                                       *opts, SCRIPT, "--", *ARGS), label=f"run {i} {mode}")
+                if losses(run.stdout) != losses(plain.stdout):
+                    raise SystemExit("on_demand: the losses under teraio differ from the plain run's")
+                r = json.loads(report.read_text())
+                budget, times = r["predicted"]["gpu_mem_bytes"], r["iteration_s"]
+                followed = [t for k, (t, f) in enumerate(zip(times, r["iteration_followed"], strict=True))
+                            if k and f]
+                got = figures.setdefault(mode, {"peak": [], "slower": [], "sent": []})
+                got["peak"].append(r["iteration_peak_bytes"][5] / budget)
+                got["slower"].append(times[5] / statistics.median(followed))
+                got["sent"].append(r.get("evictions", 0))  # absent before --hold-on-demand
+                print(f"run {i} {' '.join(opts) or 'default'}: iteration 5 (on demand) peak "
+                      f"{got['peak'][-1]:.3f}x the budget of {budget / 2**20:.1f} MiB, {times[5] * 1e3:.1f} ms "
+                      f"= {got['slower'][-1]:.2f}x the followed iterations' median; {got['sent'][-1]} tensors "
+                      "sent out; losses equal", flush=True)
     print(quiet.TALLY.line())
-    print(f"on_demand_peak_over_budget={statistics.median(peak):.3f} "
-          f"on_demand_time_over_followed={statistics.median(slower):.2f} evictions={statistics.median(sent):g}")
+    print(" ".join(f"{mode}on_demand_peak_over_budget={statistics.median(f['peak']):.3f} "
+                   f"{mode}on_demand_time_over_followed={statistics.median(f['slower']):.2f} "
+                   f"{mode}evictions={statistics.median(f['sent']):g}" for mode, f in figures.items()))
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ def _sweep(swap_dir: str | os.PathLike[str] | None) -> None:
 def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[str] | None = None,
             backend: str = "auto", host_mem_bytes: int | None = None,
             report: str | os.PathLike[str] | None = None, num_workers: int = 2,
-            rank: int | None = None, reuse_copies: bool | None = None) -> Iterator[PlanExecutor]:
+            rank: int | None = None, reuse_copies: bool | None = None,
+            hold_on_demand: bool = False) -> Iterator[PlanExecutor]:
     """Train under ``plan``: the body's ops run with the plan's transfers carried out.
 
     Results are bit-identical to running the body without it. Every tensor
@@ -100,7 +101,10 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     follow; by default torchrun's ``RANK`` (0 outside a job). ``reuse_copies`` false: every
     offload writes, none reuses a copy its prefetch kept (NOTE [ Copies kept ] in
     ``planner.clean``; by default true unless ``TERAIO_REUSE_COPIES=0``): for a script that
-    writes tensors where teraio's dispatch mode cannot see it.
+    writes tensors where teraio's dispatch mode cannot see it. ``hold_on_demand``: iterations
+    that leave the plan send the least recently used tensors out to keep to its budget (NOTE [ On
+    demand within the budget ] in ``runtime.executor``; not for a script whose own threads run
+    ops on its tensors).
     """
     if rank is None:
         rank = int(os.environ.get("RANK", 0))
@@ -137,7 +141,8 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
         engine = MigrationEngine(num_workers)
         if reuse_copies is None:
             reuse_copies = os.environ.get("TERAIO_REUSE_COPIES", "1") != "0"
-        executor = PlanExecutor(run_plan, backends, engine, rank, reuse_copies=reuse_copies)
+        executor = PlanExecutor(run_plan, backends, engine, rank, reuse_copies=reuse_copies,
+                                hold_on_demand=hold_on_demand)
         old_term = _term_as_exit()
         reset_peak_rss()
         t0 = time.perf_counter()

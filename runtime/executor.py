@@ -8,9 +8,9 @@ offloads in flight until the bytes op k allocates fit the budget (NOTE [
 Room ]). A prefetch likewise makes room before it allocates. Waits are stalls,
 counted and timed. Which plan an iteration follows, and what moves at a
 boundary, is decided by ``runtime.boundary`` (NOTE [ Boundaries ]); this class
-applies it. Before an op of an iteration that left its plan, it sends the least
-recently used storages out until what the op brings back fits the budget (NOTE
-[ On demand within the budget ]).
+applies it. With ``hold_on_demand``, before an op of an iteration that left its
+plan, it sends the least recently used storages out until what the op brings
+back fits the budget (NOTE [ On demand within the budget ]).
 """
 
 from __future__ import annotations
@@ -185,11 +185,12 @@ class PlanExecutor(OpStream):
     """Carries out ``plan``'s migrations of ``rank``; see the module docstring."""
 
     def __init__(self, plan: Plan, backends: dict[str, Backend], engine: MigrationEngine,
-                 rank: int = 0, reuse_copies: bool = True) -> None:
+                 rank: int = 0, reuse_copies: bool = True, hold_on_demand: bool = False) -> None:
         super().__init__()
         self.plan = plan
         self.rank = rank
         self.reuse_copies = reuse_copies  # False: every offload writes (NOTE [ Copies kept ])
+        self.hold_on_demand = hold_on_demand  # NOTE [ On demand within the budget ]
         self.steady = Schedule.of(plan, rank)
         first = plan.first
         self.first = Schedule.of(first, rank) if first is not None and rank in first.op_names else None
@@ -225,7 +226,7 @@ class PlanExecutor(OpStream):
         self._lock = threading.RLock()  # held while the records change
         _EXECUTORS.add(self)
         self._held: dict[int, int] = {}  # id(storage) -> reads on other threads keeping it in memory
-        self._saving: dict[int, int] = {}  # id(storage) -> saves on this thread reading it
+        self._saving = 0  # torch.saves running on this thread
         # NOTE [ On demand within the budget ]: the lasting storages the plan moves, when each
         # storage was last used on demand, where they go
         moves = plan.migrations.get(rank, [])
@@ -235,6 +236,7 @@ class PlanExecutor(OpStream):
         self._used_at: dict[int, int] = {}
         self._clock = 0
         self._busy: set[int] = set()  # used by a collective in this iteration
+        self._busy_before: set[int] = set()  # and in the one before (renamed at the boundary)
         self._spill = "ssd" if "ssd" in backends else "host"
         # the device whose memory the budget holds: a CUDA run's CPU tensors (a pinned batch an
         # asynchronous copy may still read) are not sent out on demand
@@ -282,16 +284,14 @@ class PlanExecutor(OpStream):
             self._send_again(func, inputs)
         if name.startswith("c10d."):
             self._busy.update(tid for tid, _, _ in inputs)
-        on_demand = self.schedule is None and self.iteration > 0 and self.steady.budget_bytes is not None
-        if on_demand:
+        if (self.hold_on_demand and self.schedule is None and self.iteration > 0
+                and self.steady.budget_bytes is not None):
             self._evict_for(inputs)
         if self.moved:
-            for tid, _, written in inputs:
+            for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
                 if entry is None:
                     continue
-                if on_demand and tid in self._evictable and entry.state in (Residency.SSD, Residency.HOST):
-                    entry.keep_for_reuse = self.reuse_copies and not written  # NOTE [ On demand within the budget ]
                 # NOTE [ Ops on a tensor going out ]: not where the iteration left its plan at this op
                 if (self.schedule is not None and tid not in self._sent_again and tid not in self._again
                         and not name.startswith("c10d.")):
@@ -366,6 +366,8 @@ class PlanExecutor(OpStream):
                 n = _memory_of(t.untyped_storage())
                 sizes[tid] = n
                 stats.tracked_bytes += n
+                if self.hold_on_demand:  # NOTE [ On demand within the budget ]: just made, not idle
+                    self._used_at[tid] = self._clock
         for tid, t, _ in inputs:
             if tid not in sizes and (s := self.input_storage(tid, t)) is not None:  # made outside any op
                 n = _memory_of(s)
@@ -628,28 +630,28 @@ class PlanExecutor(OpStream):
 
     # NOTE [ On demand within the budget ]: an iteration that leaves its plan (an evaluation
     # between steps, a checkpoint, a step whose ops differ) runs on demand: what an op uses comes
-    # back, and nothing went out again, so such an iteration ended at the plain run's peak: an
+    # back, and nothing goes out again, so such an iteration may reach the plain run's peak: an
     # evaluation after step 4 of tests/compat/scripts/eval_and_checkpoint.py took iteration 5 to
-    # 2.0x its budget, which on a GPU is an out-of-memory error. So before each op of such an
-    # iteration (from iteration 1 on, where ids are the plan's), while what is resident and what
-    # the op brings back exceed the plan's budget, resident storages go out, least recently used
-    # by an op on demand first, and the op waits for their writes. Those that may: what the plan
-    # moves under lasting ids (parameters, optimizer state, storages kept for good), and
-    # storages made in this iteration (activations, gradients, batches), as the plan moves
-    # them, where the plan moves named ones; never a lasting one the plan leaves in, nor a
-    # transient one where it moves no named one (its profile may have seen a storage written
-    # where teraio cannot see, as an extension's optimizer writes through pointers, or read by a
-    # DataLoader's workers), nor one carried from the iteration before (a collective of that
-    # iteration may still be sending it), one the op uses, one a collective used in
-    # this iteration (it may still be moving: NOTE [ Busy in a collective ] in planner.problem),
-    # one another thread reads, or one a torch.save is writing (its pickling runs ops: a
-    # checkpoint saved mid-iteration held empty storages where the save's own ``detach`` ops
-    # sent out what it had just brought back). A lasting one fetched on demand that the op does not write
-    # keeps its copy, so it goes out again writing nothing (an evaluation reads every parameter
-    # once); those copies are dropped at the iteration's end, as no plan counts them. An op's own
-    # outputs are not known before it runs: room is made for the most any op of the plan
-    # allocates (``made_bytes``), and one that allocates more goes over the budget by the rest
-    # until the next op. Where an op's inputs alone exceed the budget, they are all brought back.
+    # 2.0x its budget, which on a GPU sized to the budget is an out-of-memory error. With
+    # ``hold_on_demand`` (`teraio run --hold-on-demand`), before each op of such an iteration
+    # (from iteration 1 on, where ids are the plan's) while what is resident, what the op brings
+    # back and the most any op of the plan allocates (``made_bytes``) exceed the budget, resident
+    # storages go out, least recently used first, and the op waits for their writes. Those that
+    # may: what the plan moves under lasting ids (parameters, optimizer state, storages kept for
+    # good), and, where the plan moves named ones (so its profile saw no write teraio cannot
+    # see), storages made in this iteration (activations, gradients), at the size they were made
+    # at. Never one the op uses, one carried from the iteration before, one a collective used in
+    # this iteration or the one before (it may still be moving: NOTE [ Busy in a collective ] in
+    # planner.problem), another device's (a CUDA run's pinned batch an asynchronous copy may
+    # read), one another thread reads through torch.save, tolist or a deep copy, and nothing while
+    # a torch.save on this thread runs (its pickling runs ``detach`` ops, and may make tensors
+    # the save then writes: sent out, a checkpoint held empty records). Every such offload writes
+    # (no copy is kept or reused: a write on another thread after an evaluation was lost so).
+    # Opt-in, because a storage may go out where no plan has it out, and a thread of the
+    # script's own that runs ops on it (metrics in a thread pool, an EMA updated by a worker)
+    # then finds it freed: those ops do not pass through teraio's dispatch mode. What cannot go
+    # out (what is carried, what the plan keeps in, another device's) may still take such an
+    # iteration over the budget, and so may an op that allocates more than any op of the plan.
     def _evict_for(self, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         """Before an op run on demand: out with the least recently used storages until what the
         op brings back fits the budget (NOTE [ On demand within the budget ])."""
@@ -662,25 +664,24 @@ class PlanExecutor(OpStream):
         need = sum(e.nbytes for tid in used if (e := self.moved.get(tid)) is not None
                    and e.state in (Residency.SSD, Residency.HOST))
         excess = self.stats.tracked_bytes + need + self._largest_made - budget
-        if excess <= 0:
+        if excess <= 0 or self._saving:
             return
         sizes, used_at, evictable, transient = self.sizes, self._used_at, self._evictable, self._evict_transient
-        idle = [tid for tid in sizes if tid not in used and tid not in self._busy and tid not in self.moved
+        busy = self._busy | self._busy_before
+        idle = [tid for tid in sizes if tid not in used and tid not in busy and tid not in self.moved
                 and (tid in evictable or transient and PRODUCED_BASE <= tid < LONG_BASE)]
         for tid in sorted(idle, key=lambda t: (used_at.get(t, 0), -sizes[t])):
             storage = self.ids.storage(tid)
-            if (storage is None or not storage.nbytes() or storage.device.type != self._device
-                    or not self.movable(storage) or id(storage) in self._saving):
+            if (storage is None or not storage.nbytes() or storage.nbytes() != sizes[tid]
+                    or storage.device.type != self._device or not self.movable(storage)):
                 continue
-            nbytes = storage.nbytes()
-            kept = self.copies.get(tid)
-            target = kept.target if kept is not None else self._spill
-            if not (self.reuse_copies and self._reuse_copy(tid, storage, target)):
-                self._offload(tid, storage, target, urgent=True)
-                if tid not in self.moved:  # another thread reads it
-                    continue
+            if tid in self.copies:
+                self._drop_copy(tid)
+            self._offload(tid, storage, self._spill, urgent=True)
+            if tid not in self.moved:  # another thread reads it
+                continue
             self.stats.evictions += 1
-            excess -= nbytes
+            excess -= sizes[tid]
             if excess <= 0:
                 break
         self._make_room(need + self._largest_made, budget=budget)
@@ -907,10 +908,8 @@ class PlanExecutor(OpStream):
         try:
             with _disable_current_modes():  # the walk's own ops (a sparse tensor's parts) are not the script's
                 storages = self._storages_in(obj)
-            read = storages
         except Exception:  # noqa: BLE001 - an object pickle cannot walk: bring everything back
             storages = [e.storage() for e in list(self.moved.values())]
-            read = list(self.ids.live().values())
         if os.getpid() != self._pid:  # a forked child (a DataLoader worker): no I/O threads here
             out = [self._describe(t) for s in storages if s is not None and (t := self.ids.get(s)) in self.moved]
             if out:
@@ -923,10 +922,7 @@ class PlanExecutor(OpStream):
                 yield
             return
         refree: list[tuple[int, _Entry]] = []
-        saving = [id(s) for s in read if s is not None]  # NOTE [ On demand within the budget ]
         with self._lock:
-            for key in saving:
-                self._saving[key] = self._saving.get(key, 0) + 1
             for storage in storages:
                 if storage is None:
                     continue
@@ -941,13 +937,12 @@ class PlanExecutor(OpStream):
                     self._wait(entry)
                     self.stats.save_fetches += 1
                     refree.append((tid, entry))
+            self._saving += 1  # NOTE [ On demand within the budget ]
         try:
             yield
         finally:
             with self._lock:
-                for key in saving:
-                    if (n := self._saving.pop(key) - 1) > 0:
-                        self._saving[key] = n
+                self._saving -= 1
                 for tid, entry in refree:
                     storage = entry.storage()
                     if storage is not None and tid not in self.moved and id(storage) in self._held:
@@ -1045,6 +1040,7 @@ class PlanExecutor(OpStream):
         # Persistent storages get their names at a boundary and carried ones a flag
         # (profiles.ids): what is keyed by tensor id follows its storage.
         self._renamed = new_ids
+        self._busy_before = {new_ids.get(t, t) for t in self._busy_before}
         self.sizes = {new_ids.get(t, t): n for t, n in self.sizes.items()}
         self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
         self.copies = {new_ids.get(t, t): e for t, e in self.copies.items()}
@@ -1065,11 +1061,10 @@ class PlanExecutor(OpStream):
         self.stats.other_sizes += self._other_sizes
         self._offloads_started = self._other_sizes = 0
         self._first_other_size = None
-        self._busy.clear()
+        self._busy_before, self._busy = self._busy, set()
         self._used_at.clear()
         if schedule is None:
             self._ending = Ending.ON_DEMAND
-            self._drop_copies()  # NOTE [ On demand within the budget ]: no plan counts them
         elif schedule is self.steady:
             self._ending = Ending.STEADY
             self.matched_iterations += 1

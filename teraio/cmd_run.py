@@ -39,14 +39,20 @@ def _summary(r: dict[str, Any]) -> str:
         f"{_mib(sum(r['bytes_read'].values()))}"
         + (f", {r['reused_offloads']} offloads wrote nothing (their kept copy was good)"
            if r.get("reused_offloads") else "")
-        + (f", {r['evictions']} tensors sent out to hold iterations run on demand to the budget"
-           if r.get("evictions") else ""),
+        + (f", {r['evictions']} tensors sent out to hold iterations run on demand to the budget "
+           "(--hold-on-demand)" if r.get("evictions") else ""),
     ]
+    budget = pred.get("gpu_mem_bytes")
     if r["unfollowed_iterations"]:
         its = ", ".join(str(u["iteration"]) for u in r["unfollowed_iterations"])
+        peaks = r["iteration_peak_bytes"]
+        worst = max((peaks[u["iteration"]] for u in r["unfollowed_iterations"] if u["iteration"] < len(peaks)),
+                    default=0)
+        above_budget = (f"; they peaked at up to {worst / budget:.2f}x the budget" + (
+            "" if r.get("evictions") else " (--hold-on-demand holds them to it)")
+            if budget and worst > _OVER * budget else "")
         lines.append(f"iterations that ran on demand (their ops left the plan): {its}; the peak above "
-                     "is that of the iterations that followed it")
-    budget = pred.get("gpu_mem_bytes")
+                     f"is that of the iterations that followed it{above_budget}")
     above = [(i, p) for i, (p, f) in enumerate(zip(r["iteration_peak_bytes"], r["iteration_followed"], strict=False))
              if i and f and budget and p > _OVER * budget]
     if above:
@@ -119,6 +125,13 @@ def run(
              "tensor). --no-reuse-copies writes every offload: for a script that writes tensors "
              "where teraio cannot see it (from another thread, an extension's kernel called "
              "directly, a CUDA graph replayed).")] = True,
+    hold_on_demand: Annotated[bool, typer.Option(
+        help="In an iteration whose ops leave the plan (an evaluation or a checkpoint between "
+             "steps), send the least recently used tensors out before each op so that what it "
+             "brings back fits the plan's budget; each op waits for those writes. Without it such "
+             "an iteration sends nothing out and may reach the plain run's peak. Not for a script "
+             "whose own threads run ops on its tensors (a thread pool computing metrics, an EMA "
+             "updated by a worker): such an op would find a tensor sent out.")] = False,
 ) -> None:
     """Run SCRIPT with the plan carried out: same results, less memory.
 
@@ -160,7 +173,8 @@ def run(
     t0 = time.perf_counter()
     try:
         with teraio_warnings(), offload(run_plan, swap_dir=swap_dir, backend=backend, host_mem_bytes=host_bytes,
-                                        rank=rank, reuse_copies=None if reuse_copies else False) as executor:
+                                        rank=rank, reuse_copies=None if reuse_copies else False,
+                                        hold_on_demand=hold_on_demand) as executor:
             try:
                 run_script(script, list(script_args or []), passthrough=(TeraioError,))
             finally:

@@ -74,8 +74,10 @@ def compare(script: Path, args: list[str], tmp: Path, plain_args: list[str] | No
 
 
 def through_teraio(script: Path, args: list[str], tmp: Path, share: str = "50%",
-                   profile_opts: tuple[str, ...] = (), backend: str = "posix") -> Outcome:
-    """Profile, plan at ``share`` of the peak (or the smallest budget any plan meets), run."""
+                   profile_opts: tuple[str, ...] = (), backend: str = "posix",
+                   run_opts: tuple[str, ...] = ()) -> Outcome:
+    """Profile, plan at ``share`` of the peak (or the smallest budget any plan meets), run (with
+    ``run_opts``)."""
     prof = tmp / "profile"
     r = teraio("profile", script, "--out", prof, *profile_opts, "--", *args, cwd=tmp)
     assert r.returncode == 0, r.stderr
@@ -91,7 +93,7 @@ def through_teraio(script: Path, args: list[str], tmp: Path, share: str = "50%",
     doc = json.loads(plan.read_text())
     out = tmp / "teraio.pt"
     r = teraio("run", "--plan", plan, "--backend", backend, "--swap-dir", tmp, "--report", tmp / "run.json",
-               script, "--", *args, "--save", out, cwd=tmp)
+               *run_opts, script, "--", *args, "--save", out, cwd=tmp)
     assert r.returncode == 0, r.stderr
     return Outcome(losses(r.stdout), torch.load(out), r.stdout, r.stderr,
                    json.loads((tmp / "run.json").read_text()), doc,
