@@ -221,6 +221,7 @@ class PlanExecutor(OpStream):
         self._keys = itertools.count()
         self._iter_t0 = time.perf_counter()
         self._iter_stall_s0 = 0.0  # stats.stall_s when this iteration began
+        self._iter_fetches0 = 0  # stats.on_demand_fetches then
         self._iter_moved0 = {"write": (0, 0.0), "read": (0, 0.0)}  # the engine's (bytes, busy) then
         # NOTE [ Reads on other threads ]
         self._lock = threading.RLock()  # held while the records change
@@ -282,11 +283,11 @@ class PlanExecutor(OpStream):
                         break
         if self._again:
             self._send_again(func, inputs)
-        if name.startswith("c10d."):
-            self._busy.update(tid for tid, _, _ in inputs)
-        if (self.hold_on_demand and self.schedule is None and self.iteration > 0
-                and self.steady.budget_bytes is not None):
-            self._evict_for(inputs)
+        if self.hold_on_demand:  # NOTE [ On demand within the budget ]
+            if name.startswith("c10d."):
+                self._busy.update(tid for tid, _, _ in inputs)
+            if self.schedule is None and self.iteration > 0 and self.steady.budget_bytes is not None:
+                self._evict_for(inputs)
         if self.moved:
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
@@ -1079,7 +1080,8 @@ class PlanExecutor(OpStream):
         s.iteration_s.append(now - self._iter_t0)
         s.iteration_peak_bytes.append(s.peak_tracked_bytes)
         s.iteration_stall_s.append(s.stall_s - self._iter_stall_s0)
-        s.iteration_on_demand_fetches.append(s.on_demand_fetches - sum(s.iteration_on_demand_fetches))
+        s.iteration_on_demand_fetches.append(s.on_demand_fetches - self._iter_fetches0)
+        self._iter_fetches0 = s.on_demand_fetches
         s.iteration_followed.append(self._ending is not Ending.ON_DEMAND)
         self._iter_stall_s0 = s.stall_s
         self._iter_t0 = now
