@@ -103,8 +103,9 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     ``planner.clean``; by default true unless ``TERAIO_REUSE_COPIES=0``): for a script that
     writes tensors where teraio's dispatch mode cannot see it. ``hold_on_demand``: iterations
     that leave the plan send the least recently used tensors out to keep to its budget (NOTE [ On
-    demand within the budget ] in ``runtime.executor``; not for a script whose own threads run
-    ops on its tensors).
+    demand within the budget ] in ``runtime.executor``; not for a script that uses its tensors
+    where teraio cannot see: ops on threads of its own, pointers, memory shared with other
+    processes).
     """
     if rank is None:
         rank = int(os.environ.get("RANK", 0))

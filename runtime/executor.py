@@ -640,17 +640,19 @@ class PlanExecutor(OpStream):
     # storages go out, least recently used first, and the op waits for their writes. Those that
     # may: what the plan moves under lasting ids (parameters, optimizer state, storages kept for
     # good), and, where the plan moves named ones (so its profile saw no write teraio cannot
-    # see), storages made in this iteration (activations, gradients), at the size they were made
-    # at. Never one the op uses, one carried from the iteration before, one a collective used in
+    # see), storages made in or handed to this iteration (activations, gradients, batches), at
+    # the size they were made at. Never one the op uses, one carried from the iteration before, one a collective used in
     # this iteration or the one before (it may still be moving: NOTE [ Busy in a collective ] in
     # planner.problem), another device's (a CUDA run's pinned batch an asynchronous copy may
     # read), one another thread reads through torch.save, tolist or a deep copy, and nothing while
     # a torch.save on this thread runs (its pickling runs ``detach`` ops, and may make tensors
     # the save then writes: sent out, a checkpoint held empty records). Every such offload writes
     # (no copy is kept or reused: a write on another thread after an evaluation was lost so).
-    # Opt-in, because a storage may go out where no plan has it out, and a thread of the
-    # script's own that runs ops on it (metrics in a thread pool, an EMA updated by a worker)
-    # then finds it freed: those ops do not pass through teraio's dispatch mode. What cannot go
+    # Opt-in, because a storage may then go out where no plan has it out, and whatever reads it
+    # without an op teraio sees finds it freed: ops on a thread of the script's own (metrics in a
+    # thread pool, an EMA updated by a worker: a crash, or a write lost), a pointer read on this
+    # thread (safetensors' ``save_file`` of CPU tensors: an error), memory shared with another
+    # process (``share_memory_``, a torch.multiprocessing queue: zeros received). What cannot go
     # out (what is carried, what the plan keeps in, another device's) may still take such an
     # iteration over the budget, and so may an op that allocates more than any op of the plan.
     def _evict_for(self, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:

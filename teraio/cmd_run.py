@@ -39,8 +39,8 @@ def _summary(r: dict[str, Any]) -> str:
         f"{_mib(sum(r['bytes_read'].values()))}"
         + (f", {r['reused_offloads']} offloads wrote nothing (their kept copy was good)"
            if r.get("reused_offloads") else "")
-        + (f", {r['evictions']} tensors sent out to hold iterations run on demand to the budget "
-           "(--hold-on-demand)" if r.get("evictions") else ""),
+        + (f", {r['evictions']} tensors sent out on demand to keep to the budget (--hold-on-demand)"
+           if r.get("evictions") else ""),
     ]
     budget = pred.get("gpu_mem_bytes")
     if r["unfollowed_iterations"]:
@@ -49,7 +49,7 @@ def _summary(r: dict[str, Any]) -> str:
         worst = max((peaks[u["iteration"]] for u in r["unfollowed_iterations"] if u["iteration"] < len(peaks)),
                     default=0)
         above_budget = (f"; they peaked at up to {worst / budget:.2f}x the budget" + (
-            "" if r.get("evictions") else " (--hold-on-demand holds them to it)")
+            "" if r.get("evictions") else "; --hold-on-demand sends tensors out in them to keep near it")
             if budget and worst > _OVER * budget else "")
         lines.append(f"iterations that ran on demand (their ops left the plan): {its}; the peak above "
                      f"is that of the iterations that followed it{above_budget}")
@@ -130,8 +130,10 @@ def run(
              "steps), send the least recently used tensors out before each op so that what it "
              "brings back fits the plan's budget; each op waits for those writes. Without it such "
              "an iteration sends nothing out and may reach the plain run's peak. Not for a script "
-             "whose own threads run ops on its tensors (a thread pool computing metrics, an EMA "
-             "updated by a worker): such an op would find a tensor sent out.")] = False,
+             "that uses its tensors where teraio cannot see: ops on threads of its own (a thread "
+             "pool computing metrics, an EMA updated by a worker), pointers (safetensors' "
+             "save_file of CPU tensors), memory shared with other processes (share_memory_, a "
+             "torch.multiprocessing queue); those would find a tensor sent out.")] = False,
 ) -> None:
     """Run SCRIPT with the plan carried out: same results, less memory.
 
