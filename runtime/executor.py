@@ -651,8 +651,7 @@ class PlanExecutor(OpStream):
     # Opt-in, because a storage may then go out where no plan has it out, and whatever reads it
     # without an op teraio sees finds it freed: ops on a thread of the script's own (metrics in a
     # thread pool, an EMA updated by a worker: a crash, or a write lost), a pointer read on this
-    # thread (safetensors' ``save_file`` of CPU tensors: an error), memory shared with another
-    # process (``share_memory_``, a torch.multiprocessing queue: zeros received). What cannot go
+    # thread (safetensors' ``save_file`` of CPU tensors: an error). What cannot go
     # out (what is carried, what the plan keeps in, another device's) may still take such an
     # iteration over the budget, and so may an op that allocates more than any op of the plan.
     def _evict_for(self, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:

@@ -132,8 +132,7 @@ def run(
              "an iteration sends nothing out and may reach the plain run's peak. Not for a script "
              "that uses its tensors where teraio cannot see: ops on threads of its own (a thread "
              "pool computing metrics, an EMA updated by a worker), pointers (safetensors' "
-             "save_file of CPU tensors), memory shared with other processes (share_memory_, a "
-             "torch.multiprocessing queue); those would find a tensor sent out.")] = False,
+             "save_file of CPU tensors); those would find a tensor sent out.")] = False,
 ) -> None:
     """Run SCRIPT with the plan carried out: same results, less memory.
 

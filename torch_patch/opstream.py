@@ -59,9 +59,11 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
+import torch.multiprocessing  # registers its reducers on ForkingPickler (NOTE [ Shared memory ])
 import torch.utils.data.dataloader as _dataloader
 import torch.utils.dlpack
 from torch._C._functorch import get_unwrapped, is_functorch_wrapped_tensor
@@ -71,6 +73,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
+from torch.storage import TypedStorage
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from torch_patch.identity import (
@@ -318,6 +321,7 @@ class OpStream(TorchDispatchMode):
         self.in_comm_hook = 0  # above 0: inside a DDP communication hook
         self._handles: list[Any] = []
         self._patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+        self._patched_items: list[tuple[dict[Any, Any], Any, Any]] = []  # (table, key, original)
         self._warning_filters: warnings.catch_warnings[None] | None = None
         self._signals: AbstractContextManager[None] | None = None  # NOTE [ Signals in free callbacks ]
         self._thread = threading.get_ident()
@@ -697,6 +701,13 @@ class OpStream(TorchDispatchMode):
             for name in ("tolist", "__deepcopy__", "__reduce_ex__", "__repr__"):  # read outside any op
                 self._patch(torch.Tensor, name, self._reading)
             self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
+            for name in ("share_memory_", "_share_fd_cpu_", "_share_filename_cpu_"):  # NOTE [ Shared memory ]
+                if hasattr(torch.UntypedStorage, name):
+                    self._patch(torch.UntypedStorage, name, self._sharing)
+            reducers = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+            for kind in [k for k in reducers if issubclass(k, (torch.Tensor, torch.UntypedStorage, TypedStorage))]:
+                self._patched_items.append((reducers, kind, reducers[kind]))
+                reducers[kind] = self._sharing(reducers[kind])
             for owner in (torch, torch.serialization):  # NOTE [ Loaded storages ]
                 self._patch(owner, "load", self._owning_loads)
             if hasattr(torch.serialization, "_get_restore_location"):
@@ -825,6 +836,32 @@ class OpStream(TorchDispatchMode):
             return out
 
         return exporting
+
+    # NOTE [ Shared memory ]: ``share_memory_()`` (``Module.share_memory()``, for an evaluation
+    # worker or Hogwild-style training) and a torch.multiprocessing queue (its feeder thread
+    # pickles what is put on it with the reducers torch registers on ``ForkingPickler``, which
+    # share its storage) move a CPU storage's bytes into shared memory, with no op teraio sees.
+    # A tensor teraio had out reached the other process as zeros; one shared with
+    # ``share_memory_()`` was shared empty, and its next use failed ("The size of tensor a (0)
+    # must match the size of tensor b"). So the storage is brought back first (kept in, on
+    # another thread), and from then on it is one others manage: other processes read and write
+    # it, and shared memory cannot be freed in place.
+    def _sharing(self, share: Any) -> Any:
+        stream = self
+
+        def sharing(obj: torch.Tensor | torch.UntypedStorage | TypedStorage, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(obj, torch.Tensor):
+                storage: torch.UntypedStorage | None = _local(obj).untyped_storage()
+            else:
+                storage = obj._untyped_storage if isinstance(obj, TypedStorage) else obj
+            if storage is None or storage.device.type != "cpu":  # CUDA memory is shared by handle
+                return share(obj, *args, **kwargs)
+            with stream._in_memory([storage]):
+                out = share(obj, *args, **kwargs)
+                stream._others_manage(storage)
+            return out
+
+        return sharing
 
     # NOTE [ Loaded storages ]: ``torch.load`` gives each CPU tensor a storage whose memory the
     # checkpoint's reader owns, and such a storage cannot be resized (freed in place). After the
@@ -1020,6 +1057,9 @@ class OpStream(TorchDispatchMode):
         for owner, name, original in reversed(self._patches):
             setattr(owner, name, original)
         self._patches = []
+        for table, key, original in reversed(self._patched_items):
+            table[key] = original
+        self._patched_items = []
         if self._warning_filters is not None:
             self._warning_filters.__exit__(None, None, None)
             self._warning_filters = None

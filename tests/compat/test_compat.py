@@ -230,6 +230,19 @@ def test_an_iteration_with_an_evaluation_runs_on_demand_within_the_budget(tmp_pa
     assert max(peaks[1:]) <= 1.05 * teraio.budget, (teraio.budget, peaks)
 
 
+def test_tensors_shared_with_other_processes_are_brought_back_first(tmp_path: Path) -> None:
+    """Adam's moments put on a torch.multiprocessing queue to a spawned logger after step 4, the
+    model put in shared memory after step 5 (NOTE [ Shared memory ] in torch_patch.opstream): the
+    logger sums what the plain run's does (the moments teraio had out arrived as zeros), and
+    training goes on bit-identical (sharing one that was out failed: "The size of tensor a (0)
+    must match the size of tensor b")."""
+    plain, teraio = compare(SCRIPTS / "queue_to_logger.py", [], tmp_path)
+    assert_identical(plain, teraio)
+    logged = [line for line in plain.stdout.splitlines() if line.startswith(("logged", "shared"))]
+    assert len(logged) == 2 and logged[1] == "shared True", logged
+    assert logged == [line for line in teraio.stdout.splitlines() if line.startswith(("logged", "shared"))]
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_checkpoints_saved_on_a_background_thread(overlap: bool, tmp_path: Path) -> None:
     """torch.save of the model's and optimizer's state on a thread of the script's own, joined at
