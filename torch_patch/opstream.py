@@ -707,7 +707,7 @@ class OpStream(TorchDispatchMode):
             reducers = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
             for kind in [k for k in reducers if issubclass(k, (torch.Tensor, torch.UntypedStorage, TypedStorage))]:
                 self._patched_items.append((reducers, kind, reducers[kind]))
-                reducers[kind] = self._sharing(reducers[kind])
+                reducers[kind] = self._sharing(reducers[kind], devices=("cpu", "cuda"))
             for owner in (torch, torch.serialization):  # NOTE [ Loaded storages ]
                 self._patch(owner, "load", self._owning_loads)
             if hasattr(torch.serialization, "_get_restore_location"):
@@ -845,8 +845,13 @@ class OpStream(TorchDispatchMode):
     # ``share_memory_()`` was shared empty, and its next use failed ("The size of tensor a (0)
     # must match the size of tensor b"). So the storage is brought back first (kept in, on
     # another thread), and from then on it is one others manage: other processes read and write
-    # it, and shared memory cannot be freed in place.
-    def _sharing(self, share: Any) -> Any:
+    # it, and shared memory cannot be freed in place. A CUDA tensor on a queue too (the other
+    # process maps its memory by handle; ``share_memory_()`` of a CUDA storage does nothing). A
+    # failure to bring one back on the queue's feeder thread (a worker forked while it was out)
+    # is printed by multiprocessing and the item dropped, where it used to arrive as zeros.
+    def _sharing(self, share: Any, devices: tuple[str, ...] = ("cpu",)) -> Any:
+        """``share`` (of a storage, or a queue's reducer of a tensor or storage, for ``devices``)
+        with the storage brought back first and others' from then on (NOTE [ Shared memory ])."""
         stream = self
 
         def sharing(obj: torch.Tensor | torch.UntypedStorage | TypedStorage, *args: Any, **kwargs: Any) -> Any:
@@ -858,7 +863,7 @@ class OpStream(TorchDispatchMode):
                     storage = _local(obj).untyped_storage()
                 except (RuntimeError, NotImplementedError):  # a subclass with no storage of its own
                     storage = None
-            if storage is None or storage.device.type != "cpu":  # CUDA memory is shared by handle
+            if storage is None or storage.device.type not in devices:
                 return share(obj, *args, **kwargs)
             with stream._in_memory([storage]):
                 out = share(obj, *args, **kwargs)
