@@ -677,9 +677,7 @@ class PlanExecutor(OpStream):
             if (storage is None or not storage.nbytes() or storage.nbytes() != sizes[tid]
                     or storage.device.type != self._device or not self.movable(storage)):
                 continue
-            if tid in self.copies:
-                self._drop_copy(tid)
-            self._offload(tid, storage, self._spill, urgent=True)
+            self._offload(tid, storage, self._spill, urgent=True)  # a kept copy dropped: it writes
             if tid not in self.moved:  # another thread reads it
                 continue
             self.stats.evictions += 1

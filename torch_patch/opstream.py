@@ -855,14 +855,10 @@ class OpStream(TorchDispatchMode):
         stream = self
 
         def sharing(obj: torch.Tensor | torch.UntypedStorage | TypedStorage, *args: Any, **kwargs: Any) -> Any:
-            storage: torch.UntypedStorage | None = None
-            if not isinstance(obj, torch.Tensor):
+            if isinstance(obj, torch.Tensor):  # a sparse one's parts are reduced as tensors
+                storage = _own_storage(obj)
+            else:
                 storage = obj._untyped_storage if isinstance(obj, TypedStorage) else obj
-            elif obj.layout is torch.strided:  # a sparse tensor's parts are reduced as tensors
-                try:
-                    storage = _local(obj).untyped_storage()
-                except (RuntimeError, NotImplementedError):  # a subclass with no storage of its own
-                    storage = None
             if storage is None or storage.device.type not in devices:
                 return share(obj, *args, **kwargs)
             with stream._in_memory([storage]):

@@ -853,9 +853,6 @@ class Tracer(OpStream):
             "signature": signature_of(k0["op_name"].tolist(), sizes),
             **meta,
         }
-        if i0 > 1 and long:  # NOTE [ Kept for good ]; for iteration 1 the first iteration's plan has them
-            full["carried_into_first_kept"] = {str(self.rank): {
-                "iteration": i0, "ids": {str(new): old for old, new in sorted(long.items())}}}
         full["signatures"] = {str(self.rank): full["signature"]}
         first = None
         if self.first is not None:
@@ -863,11 +860,12 @@ class Tracer(OpStream):
             t = _kept_in_memory(t, self._unseen_at, 0, self._aligned.get(0, {}))
             signature = signature_of(k["op_name"].tolist(), dict(zip(t["tensor_id"], t["size_bytes"], strict=True)))
             carried = {str(new): old for new, old in sorted(self.first_carried.items())}
-            steady_only = ("carried_into_first_kept",)
             first = Profile(meta={
-                **{k: v for k, v in full.items() if k not in steady_only},
-                "iterations": [0], "iterations_identical": True, "skipped_iterations": [],
+                **full, "iterations": [0], "iterations_identical": True, "skipped_iterations": [],
                 "signature": signature, "signatures": {str(self.rank): signature},
                 "carried_into_next": {str(self.rank): carried},
             }, kernels=k, tensors=t, accesses=a)
+        if i0 > 1 and long:  # NOTE [ Kept for good ]; for iteration 1 the first iteration's plan has them
+            full["carried_into_first_kept"] = {str(self.rank): {
+                "iteration": i0, "ids": {str(new): old for old, new in sorted(long.items())}}}
         return Profile(meta=full, kernels=kernels, tensors=tensors, accesses=accesses, first=first)
