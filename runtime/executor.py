@@ -42,6 +42,7 @@ from runtime.boundary import Ending, Schedule, at_boundary
 from runtime.engine import Job, MigrationEngine
 from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
+from runtime.saves import streamed_save
 from runtime.storage import byte_view, free_storage, realloc_storage
 from torch_patch.opstream import OpInfo, OpStream, parts, tensor_args
 
@@ -99,7 +100,8 @@ class RunStats:
     iteration_peak_cuda_bytes: list[int] = field(default_factory=list)  # allocated, CUDA only
     iteration_followed: list[bool] = field(default_factory=list)  # followed its plan to the end
     not_resizable: list[str] = field(default_factory=list)  # planned tensors kept: not freeable
-    save_fetches: int = 0  # tensors brought back for a torch.save (then freed again) or a read on another thread
+    save_fetches: int = 0  # copies read for a torch.save (NOTE [ Streamed saves ]), or tensors brought back for a
+    # legacy one (then freed again) or a read on another thread
     other_sizes: int = 0  # planned offloads left out: their storage had another size
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
     dropped_copies: int = 0  # kept copies an op wrote over before their offload came
@@ -228,6 +230,8 @@ class PlanExecutor(OpStream):
         _EXECUTORS.add(self)
         self._held: dict[int, int] = {}  # id(storage) -> reads on other threads keeping it in memory
         self._saving = 0  # torch.saves running on this thread
+        self._streaming = 0  # of which those writing out storages' copies (NOTE [ Streamed saves ])
+        self._aliasing = 0  # above 0: ops only alias their inputs (a parameter pickled by such a save)
         # NOTE [ On demand within the budget ]: the lasting storages the plan moves, when each
         # storage was last used on demand, where they go
         moves = plan.migrations.get(rank, [])
@@ -288,7 +292,7 @@ class PlanExecutor(OpStream):
                 self._busy.update(tid for tid, _, _ in inputs)
             if self.schedule is None and self.iteration > 0 and self.steady.budget_bytes is not None:
                 self._evict_for(inputs)
-        if self.moved:
+        if self.moved and not self._aliasing:
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
                 if entry is None:
@@ -958,6 +962,73 @@ class PlanExecutor(OpStream):
                     entry.state = Residency.HOST if entry.target == "host" else Residency.SSD
                     entry.keep_copy = False
 
+    # ---- NOTE [ Streamed saves ] in runtime.saves ----------------------------------
+    @contextmanager
+    def streaming(self) -> Iterator[None]:
+        """A torch.save on the training thread that writes out storages from their copies."""
+        with self._lock:
+            self._saving += 1  # NOTE [ On demand within the budget ]
+            self._streaming += 1
+            aliasing = self._aliasing
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._saving -= 1
+                self._streaming -= 1
+                self._aliasing = aliasing
+
+    def writing_records(self) -> None:
+        """The save has pickled and now writes each storage's bytes: its copies of a device's
+        storages to host memory (``storage.cpu()``) bring nothing back, an out storage's copies
+        nothing, and its record is written from its copy."""
+        self._aliasing += 1
+
+    def saving_streamed(self) -> bool:
+        return self._streaming > 0 and threading.get_ident() == self._thread
+
+    @contextmanager
+    def only_aliased(self) -> Iterator[None]:
+        self._aliasing += 1
+        try:
+            yield
+        finally:
+            self._aliasing -= 1
+
+    @_locked
+    def out_bytes(self, storage: torch.UntypedStorage) -> int | None:
+        """The recorded size of ``storage`` if it is out (freed in place), else None."""
+        tid = self.ids.get(storage)
+        entry = self.moved.get(tid) if tid is not None else None
+        return entry.nbytes if entry is not None and entry.state in (Residency.SSD, Residency.HOST) else None
+
+    @_locked
+    def saved_bytes(self, storage: torch.UntypedStorage, pickled: int, data: Any, nbytes: int) -> tuple[Any, int]:
+        """What torch.save is to write for ``storage``, given what it read (``data``, ``nbytes``):
+        an out storage's copy, read into host memory; one whose read was in flight, once whole."""
+        tid = self.ids.get(storage)
+        entry = self.moved.get(tid) if tid is not None else None
+        if tid is None or entry is None:
+            if nbytes != pickled:
+                raise RuntimeError(f"teraio: torch.save read {nbytes} bytes of a storage it had pickled at "
+                                   f"{pickled} bytes; its file would not load: please report this")
+            return data, nbytes
+        if entry.state is Residency.FETCHING:
+            self._wait(entry)
+            with _disable_current_modes():
+                return (storage if storage.device.type == "cpu" else storage.cpu()), storage.nbytes()
+        if entry.state in (Residency.SSD, Residency.HOST):
+            try:
+                with _disable_current_modes():  # the backend's own ops are not the script's
+                    copy = torch.empty(entry.nbytes, dtype=torch.uint8)
+                    entry.backend.read(entry.key, copy)
+            except OSError as exc:
+                raise StorageIOError(tid, entry.backend.where(entry.key), str(exc)) from exc
+            self.stats.bytes_read[entry.target] += entry.nbytes
+            self.stats.save_fetches += 1
+            return copy.untyped_storage(), entry.nbytes
+        return data, nbytes  # its write in flight: its bytes are whole until it is done
+
     # NOTE [ Reads on other threads ]: a script's own thread may read tensors teraio moves: a
     # checkpoint written by ``torch.save`` on a background thread while training goes on (async
     # checkpointing by hand), a ``tolist()``, a deep copy or a DLPack export there. The records of
@@ -1162,8 +1233,11 @@ class PlanExecutor(OpStream):
 
     def _save(self, save: Any) -> Any:
         executor = self
+        streamed = streamed_save(self, save)  # NOTE [ Streamed saves ] in runtime.saves
 
         def save_resident(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            if streamed is not None and threading.get_ident() == executor._thread and not executor.forked():
+                return streamed(obj, *args, **kwargs)
             with executor.resident_for(obj):
                 return save(obj, *args, **kwargs)
 

@@ -698,8 +698,10 @@ class OpStream(TorchDispatchMode):
             for owner in (torch.utils.dlpack, torch):
                 if hasattr(owner, "to_dlpack"):
                     self._patch(owner, "to_dlpack", self._exporting)
-            for name in ("tolist", "__deepcopy__", "__reduce_ex__", "__repr__"):  # read outside any op
+            for name in ("tolist", "__deepcopy__", "__repr__"):  # read outside any op
                 self._patch(torch.Tensor, name, self._reading)
+            self._patch(torch.Tensor, "__reduce_ex__", self._pickling)
+            self._patch(torch.nn.Parameter, "__reduce_ex__", self._pickling_parameter)
             self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
             for name in ("share_memory_", "_share_fd_cpu_", "_share_filename_cpu_"):  # NOTE [ Shared memory ]
                 if hasattr(torch.UntypedStorage, name):
@@ -1001,6 +1003,40 @@ class OpStream(TorchDispatchMode):
                 return read(tensor, *args, **kwargs)
 
         return reading
+
+    def _pickling(self, reduce: Any) -> Any:
+        """``Tensor.__reduce_ex__``, a read outside any op, but inside a save that writes the
+        bytes of storages that are out itself (NOTE [ Streamed saves ] in runtime.saves)."""
+        stream = self
+        reading = self._reading(reduce)
+
+        def pickling(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return (reduce if stream.saving_streamed() else reading)(tensor, *args, **kwargs)
+
+        return pickling
+
+    def _pickling_parameter(self, reduce: Any) -> Any:
+        """``Parameter.__reduce_ex__``, whose ``self.data`` is a ``detach`` op: inside such a save
+        it only aliases the storage, which the save writes (NOTE [ Streamed saves ])."""
+        stream = self
+
+        def pickling(param: torch.nn.Parameter, *args: Any, **kwargs: Any) -> Any:
+            if not stream.saving_streamed():
+                return reduce(param, *args, **kwargs)
+            with stream.only_aliased():
+                return reduce(param, *args, **kwargs)
+
+        return pickling
+
+    def saving_streamed(self) -> bool:
+        """Whether a save that writes the bytes of storages that are out itself is pickling on
+        this thread (NOTE [ Streamed saves ] in runtime.saves)."""
+        return False
+
+    def only_aliased(self) -> AbstractContextManager[None]:
+        """The body's ops alias their inputs and read none of their bytes: nothing is brought
+        back for them (NOTE [ Streamed saves ] in runtime.saves)."""
+        return contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _resident(self, tensor: torch.Tensor) -> Iterator[None]:

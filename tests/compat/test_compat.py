@@ -214,15 +214,20 @@ def test_evaluation_and_checkpoint_between_steps(when: str, tmp_path: Path) -> N
 
 
 def test_an_iteration_with_an_evaluation_runs_on_demand_within_the_budget(tmp_path: Path) -> None:
-    """An evaluation after step 4 takes iteration 5 off its plan; on demand with
+    """An evaluation and a checkpoint after step 4 take iteration 5 off its plan; on demand with
     `--hold-on-demand`, what its ops bring back sends the least recently used out, so it keeps to
     the budget too (NOTE [ On demand within the budget ] in runtime.executor: without, it goes to
-    2.0x, every parameter and state back in memory), and gives the same evaluation and losses."""
-    plain, teraio = compare(SCRIPTS / "eval_and_checkpoint.py", ["--eval-after", "4"], tmp_path,
-                            run_opts=("--hold-on-demand",))
+    2.0x, every parameter and state back in memory), and gives the same evaluation, checkpoint
+    and losses. The save writes what is out from its copies (NOTE [ Streamed saves ] in
+    runtime.saves: bringing it all back for the save took the iteration to 1.09x)."""
+    args = ["--eval-after", "4", "--save-after", "4"]
+    plain, teraio = compare(SCRIPTS / "eval_and_checkpoint.py", args, tmp_path, run_opts=("--hold-on-demand",))
     assert_identical(plain, teraio)
     assert [line for line in plain.stdout.splitlines() if line.startswith("eval")] == \
         [line for line in teraio.stdout.splitlines() if line.startswith("eval")]
+    assert (tmp_path / "plain" / "checkpoints" / "step-4.pt").read_bytes() == \
+        (tmp_path / "teraio" / "checkpoints" / "step-4.pt").read_bytes()
+    assert teraio.report is not None and teraio.report["save_fetches"] > 0
     assert teraio.report is not None and teraio.budget is not None
     assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [5]
     assert teraio.report["evictions"] > 0

@@ -1,0 +1,126 @@
+"""``torch.save`` of tensors teraio has out, record by record (NOTE [ Streamed saves ]).
+
+NOTE [ Streamed saves ]: torch.save's zip writer (``torch.serialization._save``)
+first pickles the object, naming each storage by a key and its size, then
+writes each storage's bytes as the record ``data/<key>``. A storage teraio has
+out is freed in place: its size reads 0 and it has no bytes. Every such storage
+used to be brought back for the save, all at once, so a checkpoint of a model
+teraio kept within its budget took the memory to the whole state's size (the
+Adam moments and the parameters together). Now the save is given a pickle
+module whose pickler names an out storage at its recorded size, and a writer
+that, for the record of a storage out when its bytes are written, writes its
+copy, read from the SSD or host memory into a host buffer of that one storage:
+nothing comes back into the memory the plan budgets, and the file holds the
+plain run's bytes. A storage whose read is in flight is waited for, and its
+bytes taken once it is whole. While such a save pickles, ``Tensor.__reduce_ex__``
+brings nothing back (NOTE [ DLPack exports ] in torch_patch.opstream), nor does
+the ``detach`` op of ``Parameter.__reduce_ex__`` (a model saved whole); once the
+pickle is written, neither do the ops of torch's copies of a device's storages
+to host memory (``storage.cpu()``, which copies nothing of a freed one). The
+legacy writer (``_use_new_zipfile_serialization=False``), a torch whose writer
+takes other arguments, and saves on other threads bring the storages back as
+before (``PlanExecutor.resident_for``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from runtime.executor import PlanExecutor
+
+__all__ = ["streamed_save"]
+
+
+def streamed_save(executor: PlanExecutor, save: Callable[..., Any]) -> Callable[..., Any] | None:
+    """``save`` (torch's zip writer) with the storages ``executor`` has out written from their
+    copies; None where ``save`` does not take a zip file and a pickle module by those names."""
+    try:
+        params = inspect.signature(save).parameters
+    except (TypeError, ValueError):
+        return None
+    if "zip_file" not in params or "pickle_module" not in params:
+        return None
+    signature = inspect.signature(save)
+
+    def streamed(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(obj, *args, **kwargs)
+        sizes: dict[str, tuple[torch.UntypedStorage, int]] = {}  # key -> (storage, its bytes)
+        bound.arguments["pickle_module"] = _Pickling(bound.arguments["pickle_module"], executor, sizes)
+        bound.arguments["zip_file"] = _Records(bound.arguments["zip_file"], executor, sizes)
+        with executor.streaming():
+            return save(*bound.args, **bound.kwargs)
+
+    return streamed
+
+
+class _Pickling:
+    """A pickle module whose ``Pickler`` subclasses (torch's, which names storages in its
+    ``persistent_id``) name an out storage at its recorded size, and note every storage's key."""
+
+    def __init__(self, module: Any, executor: PlanExecutor, sizes: dict[str, tuple[torch.UntypedStorage, int]]
+                 ) -> None:
+        self._module = module
+
+        class Pickler(module.Pickler):  # type: ignore[misc, name-defined]
+            def __init_subclass__(cls, **kwargs: Any) -> None:
+                super().__init_subclass__(**kwargs)
+                named = cls.__dict__.get("persistent_id")
+                if named is None:
+                    return
+
+                def persistent_id(self: Any, obj: Any) -> Any:
+                    return _sized(obj, named(self, obj), executor, sizes)
+
+                cls.persistent_id = persistent_id  # type: ignore[method-assign]
+
+        self.Pickler = Pickler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def _sized(obj: Any, pid: Any, executor: PlanExecutor, sizes: dict[str, tuple[torch.UntypedStorage, int]]) -> Any:
+    """torch's name of a storage, ``("storage", type, key, location, numel)``, with the numel of
+    an out storage's recorded size."""
+    if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+        return pid
+    typed = isinstance(obj, torch.TypedStorage)
+    storage = obj._untyped_storage if typed else obj
+    out = executor.out_bytes(storage)
+    nbytes = storage.nbytes() if out is None else out
+    sizes[pid[2]] = (storage, nbytes)
+    if out is None:
+        return pid
+    return (*pid[:4], out // obj._element_size() if typed else out)
+
+
+class _Records:
+    """torch's zip writer, with each storage's record written from its copy where it is out."""
+
+    def __init__(self, writer: Any, executor: PlanExecutor, sizes: dict[str, tuple[torch.UntypedStorage, int]]
+                 ) -> None:
+        self._writer = writer
+        self._executor = executor
+        self._sizes = sizes
+        self._pickled = False
+
+    def write_record(self, name: str, data: Any, nbytes: int) -> Any:
+        if not self._pickled:  # the pickle, written first: from here on the storages' records
+            self._pickled = True
+            self._executor.writing_records()
+        named = self._sizes.get(name[5:]) if name.startswith("data/") else None
+        if named is not None:
+            data, nbytes = self._executor.saved_bytes(*named, data, nbytes)
+        return self._writer.write_record(name, data, nbytes)
+
+    def write_record_metadata(self, name: str, nbytes: int) -> Any:  # ``torch.serialization.skip_data``
+        named = self._sizes.get(name[5:]) if name.startswith("data/") else None
+        return self._writer.write_record_metadata(name, nbytes if named is None else named[1])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
