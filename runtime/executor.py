@@ -230,8 +230,8 @@ class PlanExecutor(OpStream):
         _EXECUTORS.add(self)
         self._held: dict[int, int] = {}  # id(storage) -> reads on other threads keeping it in memory
         self._saving = 0  # torch.saves running on this thread
-        self._streaming = 0  # of which those writing out storages' copies (NOTE [ Streamed saves ])
         self._aliasing = 0  # above 0: ops only alias their inputs (a parameter pickled by such a save)
+        self._streams = threading.local()  # NOTE [ Streamed saves ]: per thread, the saves running
         # NOTE [ On demand within the budget ]: the lasting storages the plan moves, when each
         # storage was last used on demand, where they go
         moves = plan.migrations.get(rank, [])
@@ -965,27 +965,42 @@ class PlanExecutor(OpStream):
     # ---- NOTE [ Streamed saves ] in runtime.saves ----------------------------------
     @contextmanager
     def streaming(self) -> Iterator[None]:
-        """A torch.save on the training thread that writes out storages from their copies."""
+        """A torch.save that writes out storages from their copies. On a thread other than the
+        training thread, what it pickles is held in memory until it ends (NOTE [ Reads on other
+        threads ]): a storage resident then is not freed under its write, nor one out then once an
+        op brings it back."""
+        streams = self._streams
+        streams.depth = getattr(streams, "depth", 0) + 1
+        if streams.depth == 1:
+            streams.held = []
+        training = threading.get_ident() == self._thread
         with self._lock:
-            self._saving += 1  # NOTE [ On demand within the budget ]
-            self._streaming += 1
             aliasing = self._aliasing
+            self._saving += training  # NOTE [ On demand within the budget ]
         try:
             yield
         finally:
+            streams.depth -= 1
             with self._lock:
-                self._saving -= 1
-                self._streaming -= 1
-                self._aliasing = aliasing
+                self._saving -= training
+                if training:
+                    self._aliasing = aliasing
+                if not streams.depth:
+                    for storage in streams.held:
+                        n = self._held.pop(id(storage)) - 1
+                        if n > 0:
+                            self._held[id(storage)] = n
+                    streams.held = []
 
     def writing_records(self) -> None:
-        """The save has pickled and now writes each storage's bytes: its copies of a device's
-        storages to host memory (``storage.cpu()``) bring nothing back, an out storage's copies
-        nothing, and its record is written from its copy."""
-        self._aliasing += 1
+        """The save has pickled and now writes each storage's bytes. On the training thread, its
+        copies of a device's storages to host memory (``storage.cpu()``) bring nothing back, an
+        out storage's copies nothing, and its record is written from its copy."""
+        if threading.get_ident() == self._thread:
+            self._aliasing += 1
 
     def saving_streamed(self) -> bool:
-        return self._streaming > 0 and threading.get_ident() == self._thread
+        return getattr(self._streams, "depth", 0) > 0
 
     @contextmanager
     def only_aliased(self) -> Iterator[None]:
@@ -996,16 +1011,22 @@ class PlanExecutor(OpStream):
             self._aliasing -= 1
 
     @_locked
-    def out_bytes(self, storage: torch.UntypedStorage) -> int | None:
-        """The recorded size of ``storage`` if it is out (freed in place), else None."""
+    def pickled_bytes(self, storage: torch.UntypedStorage) -> int:
+        """The size ``storage`` is saved at: its recorded size if it is out (freed in place). On
+        another thread, it is held in memory from now to the save's end."""
+        if threading.get_ident() != self._thread and self.ids.get(storage) is not None:
+            self._held[id(storage)] = self._held.get(id(storage), 0) + 1
+            self._streams.held.append(storage)
         tid = self.ids.get(storage)
         entry = self.moved.get(tid) if tid is not None else None
-        return entry.nbytes if entry is not None and entry.state in (Residency.SSD, Residency.HOST) else None
+        out = entry is not None and entry.state in (Residency.SSD, Residency.HOST)
+        return entry.nbytes if out and entry is not None else storage.nbytes()
 
     @_locked
     def saved_bytes(self, storage: torch.UntypedStorage, pickled: int, data: Any, nbytes: int) -> tuple[Any, int]:
         """What torch.save is to write for ``storage``, given what it read (``data``, ``nbytes``):
-        an out storage's copy, read into host memory; one whose read was in flight, once whole."""
+        an out storage's copy, read into host memory; one whose read was in flight (on another
+        thread, any transfer: the training thread would free it under the write), once done."""
         tid = self.ids.get(storage)
         entry = self.moved.get(tid) if tid is not None else None
         if tid is None or entry is None:
@@ -1013,11 +1034,14 @@ class PlanExecutor(OpStream):
                 raise RuntimeError(f"teraio: torch.save read {nbytes} bytes of a storage it had pickled at "
                                    f"{pickled} bytes; its file would not load: please report this")
             return data, nbytes
-        if entry.state is Residency.FETCHING:
+        training = threading.get_ident() == self._thread
+        waited = entry.job is not None and (entry.state is Residency.FETCHING or not training)
+        if waited and training:
             self._wait(entry)
-            with _disable_current_modes():
-                return (storage if storage.device.type == "cpu" else storage.cpu()), storage.nbytes()
-        if entry.state in (Residency.SSD, Residency.HOST):
+        elif waited and entry.job is not None:
+            self._finished(entry.job)
+        entry = self.moved.get(tid)
+        if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
             try:
                 with _disable_current_modes():  # the backend's own ops are not the script's
                     copy = torch.empty(entry.nbytes, dtype=torch.uint8)
@@ -1027,7 +1051,10 @@ class PlanExecutor(OpStream):
             self.stats.bytes_read[entry.target] += entry.nbytes
             self.stats.save_fetches += 1
             return copy.untyped_storage(), entry.nbytes
-        return data, nbytes  # its write in flight: its bytes are whole until it is done
+        if waited:  # back in memory, and held there (another thread) or by this one
+            with _disable_current_modes():
+                return (storage if storage.device.type == "cpu" else storage.cpu()), storage.nbytes()
+        return data, nbytes  # its write in flight, on this thread: whole until it is done
 
     # NOTE [ Reads on other threads ]: a script's own thread may read tensors teraio moves: a
     # checkpoint written by ``torch.save`` on a background thread while training goes on (async
@@ -1236,7 +1263,7 @@ class PlanExecutor(OpStream):
         streamed = streamed_save(self, save)  # NOTE [ Streamed saves ] in runtime.saves
 
         def save_resident(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            if streamed is not None and threading.get_ident() == executor._thread and not executor.forked():
+            if streamed is not None and not executor.forked():
                 return streamed(obj, *args, **kwargs)
             with executor.resident_for(obj):
                 return save(obj, *args, **kwargs)

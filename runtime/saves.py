@@ -16,10 +16,18 @@ bytes taken once it is whole. While such a save pickles, ``Tensor.__reduce_ex__`
 brings nothing back (NOTE [ DLPack exports ] in torch_patch.opstream), nor does
 the ``detach`` op of ``Parameter.__reduce_ex__`` (a model saved whole); once the
 pickle is written, neither do the ops of torch's copies of a device's storages
-to host memory (``storage.cpu()``, which copies nothing of a freed one). The
-legacy writer (``_use_new_zipfile_serialization=False``), a torch whose writer
-takes other arguments, and saves on other threads bring the storages back as
-before (``PlanExecutor.resident_for``).
+to host memory (``storage.cpu()``, which copies nothing of a freed one). On a
+thread of the script's own (a checkpoint written in the background while
+training goes on), every storage it pickles is held from then to its end (NOTE [
+Reads on other threads ] in runtime.executor): the training thread does not free
+one resident then under its write, nor send one out again once an op brings it
+back; a transfer in flight at its record is waited for, and a copy is read with
+the records locked (the training thread waits for that one read). With
+``--hold-on-demand``, such saves kept the iterations they overlapped within the
+budget, where bringing what was out back for them took those to 1.29x. The
+legacy writer (``_use_new_zipfile_serialization=False``) and a torch whose writer
+takes other arguments bring the storages back as before
+(``PlanExecutor.resident_for``).
 """
 
 from __future__ import annotations
@@ -91,12 +99,9 @@ def _sized(obj: Any, pid: Any, executor: PlanExecutor, sizes: dict[str, tuple[to
         return pid
     typed = isinstance(obj, torch.TypedStorage)
     storage = obj._untyped_storage if typed else obj
-    out = executor.out_bytes(storage)
-    nbytes = storage.nbytes() if out is None else out
+    nbytes = executor.pickled_bytes(storage)
     sizes[pid[2]] = (storage, nbytes)
-    if out is None:
-        return pid
-    return (*pid[:4], out // obj._element_size() if typed else out)
+    return (*pid[:4], nbytes // obj._element_size() if typed else nbytes)
 
 
 class _Records:
