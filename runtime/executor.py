@@ -57,6 +57,8 @@ _REFUSE_AFTER = 2
 # A transfer that takes longer than this (plus 1 s per 10 MB) ends the run with an error:
 # no wait can last for ever.
 _TRANSFER_TIMEOUT_S = 600.0
+# Ops that alias their input's storage and read none of its bytes (NOTE [ Streamed saves ])
+_ONLY_ALIAS = frozenset({"aten.detach.default", "aten.alias.default"})
 
 
 class Residency(Enum):
@@ -230,7 +232,10 @@ class PlanExecutor(OpStream):
         _EXECUTORS.add(self)
         self._held: dict[int, int] = {}  # id(storage) -> reads on other threads keeping it in memory
         self._saving = 0  # torch.saves running on this thread
-        self._aliasing = 0  # above 0: ops only alias their inputs (a parameter pickled by such a save)
+        # NOTE [ Streamed saves ]: a parameter pickled by such a save (its ``detach`` only aliases
+        # the storage), and the save writing its records (its ops copy nothing of an out storage)
+        self._aliasing = 0
+        self._writing = False
         self._streams = threading.local()  # NOTE [ Streamed saves ]: per thread, the saves running
         # NOTE [ On demand within the budget ]: the lasting storages the plan moves, when each
         # storage was last used on demand, where they go
@@ -272,10 +277,14 @@ class PlanExecutor(OpStream):
         return func(*args, **kwargs)
 
     def _before_op(self, index: int, func: Any, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+        name = str(func)
+        if self._writing or (self._aliasing and name in _ONLY_ALIAS):  # NOTE [ Streamed saves ]
+            if self.schedule is not None:  # nothing freed under the save's own reads, nor brought back
+                self._leave(f"op {index}: ran {name} inside a torch.save")
+            return
         if self.engine.completed:
             self._drain()
         schedule = self.schedule
-        name = str(func)
         if schedule is not None:
             if index >= schedule.num_ops or schedule.op_names[index] != name:
                 expected = schedule.op_names[index] if index < schedule.num_ops else "the end of the iteration"
@@ -292,7 +301,7 @@ class PlanExecutor(OpStream):
                 self._busy.update(tid for tid, _, _ in inputs)
             if self.schedule is None and self.iteration > 0 and self.steady.budget_bytes is not None:
                 self._evict_for(inputs)
-        if self.moved and not self._aliasing:
+        if self.moved:
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
                 if entry is None:
@@ -975,7 +984,7 @@ class PlanExecutor(OpStream):
             streams.held = []
         training = threading.get_ident() == self._thread
         with self._lock:
-            aliasing = self._aliasing
+            writing = self._writing
             self._saving += training  # NOTE [ On demand within the budget ]
         try:
             yield
@@ -984,7 +993,7 @@ class PlanExecutor(OpStream):
             with self._lock:
                 self._saving -= training
                 if training:
-                    self._aliasing = aliasing
+                    self._writing = writing
                 if not streams.depth:
                     for storage in streams.held:
                         n = self._held.pop(id(storage)) - 1
@@ -997,7 +1006,7 @@ class PlanExecutor(OpStream):
         copies of a device's storages to host memory (``storage.cpu()``) bring nothing back, an
         out storage's copies nothing, and its record is written from its copy."""
         if threading.get_ident() == self._thread:
-            self._aliasing += 1
+            self._writing = True
 
     def saving_streamed(self) -> bool:
         return getattr(self._streams, "depth", 0) > 0

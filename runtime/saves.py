@@ -14,9 +14,14 @@ nothing comes back into the memory the plan budgets, and the file holds the
 plain run's bytes. A storage whose read is in flight is waited for, and its
 bytes taken once it is whole. While such a save pickles, ``Tensor.__reduce_ex__``
 brings nothing back (NOTE [ DLPack exports ] in torch_patch.opstream), nor does
-the ``detach`` op of ``Parameter.__reduce_ex__`` (a model saved whole); once the
-pickle is written, neither do the ops of torch's copies of a device's storages
-to host memory (``storage.cpu()``, which copies nothing of a freed one). On a
+the ``detach`` of ``Parameter.__reduce_ex__`` (a model saved whole); any other
+op does (a parameter subclass's ``__getstate__`` that read its data on a freed
+storage crashed). Once the pickle is written, the ops of torch's copies of a
+device's storages to host memory (``storage.cpu()``, which copies nothing of a
+freed one) run with nothing brought back, nor drained: a write finished then
+freed its storage under the copy. torch checks that no storage is saved as two
+types only where it has memory; an out storage is checked here (the file was
+written, the view read back as the other type). On a
 thread of the script's own (a checkpoint written in the background while
 training goes on), every storage it pickles is held from then to its end (NOTE [
 Reads on other threads ] in runtime.executor): the training thread does not free
@@ -73,6 +78,7 @@ class _Pickling:
     def __init__(self, module: Any, executor: PlanExecutor, sizes: dict[str, tuple[torch.UntypedStorage, int]]
                  ) -> None:
         self._module = module
+        types: dict[str, Any] = {}  # key -> the storage type it was pickled as
 
         class Pickler(module.Pickler):  # type: ignore[misc, name-defined]
             def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -82,7 +88,7 @@ class _Pickling:
                     return
 
                 def persistent_id(self: Any, obj: Any) -> Any:
-                    return _sized(obj, named(self, obj), executor, sizes)
+                    return _sized(obj, named(self, obj), executor, sizes, types)
 
                 cls.persistent_id = persistent_id  # type: ignore[method-assign]
 
@@ -92,7 +98,8 @@ class _Pickling:
         return getattr(self._module, name)
 
 
-def _sized(obj: Any, pid: Any, executor: PlanExecutor, sizes: dict[str, tuple[torch.UntypedStorage, int]]) -> Any:
+def _sized(obj: Any, pid: Any, executor: PlanExecutor, sizes: dict[str, tuple[torch.UntypedStorage, int]],
+           types: dict[str, Any]) -> Any:
     """torch's name of a storage, ``("storage", type, key, location, numel)``, with the numel of
     an out storage's recorded size."""
     if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
@@ -101,6 +108,9 @@ def _sized(obj: Any, pid: Any, executor: PlanExecutor, sizes: dict[str, tuple[to
     storage = obj._untyped_storage if typed else obj
     nbytes = executor.pickled_bytes(storage)
     sizes[pid[2]] = (storage, nbytes)
+    # torch refuses one storage saved as two types where it has memory (``data_ptr()``): out too
+    if nbytes and storage.data_ptr() == 0 and types.setdefault(pid[2], pid[1]) is not pid[1]:
+        raise RuntimeError("Cannot save multiple tensors or storages that view the same data as different types")
     return (*pid[:4], nbytes // obj._element_size() if typed else nbytes)
 
 

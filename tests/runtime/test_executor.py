@@ -430,6 +430,48 @@ def test_a_checkpoint_saved_mid_iteration_holds_the_offloaded_bytes(plan: Plan, 
     assert seen and (max(seen) == before[0]) == (name != "legacy format"), (before, str(seen))
 
 
+class ScaledParam(torch.nn.Parameter):
+    """A parameter whose pickled state reads its data (a quantization scale, say)."""
+
+    def __getstate__(self) -> dict[str, float]:
+        return {"absmax": self.detach().abs().max().item()}
+
+
+@pytest.mark.parametrize("what", ["state read from the data", "one storage as two types"])
+def test_a_save_runs_the_ops_and_checks_of_the_plain_one(plan: Plan, what: str) -> None:
+    """While a save pickles, only the ``detach`` that pickling a parameter runs leaves an out
+    storage out (NOTE [ Streamed saves ]): a parameter subclass whose ``__getstate__`` reads its
+    data brings it back (it read the freed storage: a segfault), and the file holds the plain run's
+    bytes. A weight saved beside a view of it as another type fails as in the plain run (torch
+    checks only storages with memory: the file was written, the view read back as float32)."""
+    kept: dict[str, torch.Tensor] = {}
+
+    def save_at(files: list[bytes | str]) -> Callable[[int, torch.nn.Module, torch.optim.Optimizer], None]:
+        def hook(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+            weight = model[0].weight
+            if step == 0:  # sharing the weight's storage
+                kept["other"] = (ScaledParam(weight.detach()) if what == "state read from the data"
+                                 else weight.detach().view(torch.int32))
+            if step == 3:
+                files.append(weight.untyped_storage().nbytes() == 0)  # type: ignore[arg-type]
+                f = io.BytesIO()
+                try:
+                    torch.save({"w": weight, "other": kept["other"]}, f)
+                    files.append(f.getvalue())
+                except RuntimeError as exc:
+                    files.append(str(exc))
+        return hook
+
+    plain: list[bytes | str] = []
+    expected = train(5, save_at=save_at(plain))
+    ours: list[bytes | str] = []
+    with offload(plan):
+        assert same(train(5, save_at=save_at(ours)), expected)
+    assert ours[0] is True, "the weight was not out at the save"
+    assert ours[1] == plain[1]
+    assert isinstance(ours[1], str) == (what == "one storage as two types"), ours[1]
+
+
 def test_a_copy_a_save_cannot_read_is_a_named_error(plan: Plan, tmp_path: Path) -> None:
     """A swap file gone when torch.save writes its tensor from it: the save fails naming the
     tensor and the file (NOTE [ Streamed saves ]), as a read for an op would."""
