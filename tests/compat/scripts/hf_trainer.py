@@ -1,4 +1,6 @@
-"""A GPT-2-shaped causal LM (config built in code) trained by the transformers Trainer."""
+"""A GPT-2-shaped causal LM (config built in code) trained by the transformers Trainer;
+with --save-steps N, the Trainer saves a checkpoint every N steps (model.safetensors,
+optimizer.pt, ...) under --out."""
 
 import argparse
 
@@ -36,12 +38,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--save")
     p.add_argument("--out", default="trainer-out")
+    p.add_argument("--save-steps", type=int, default=0, help="a checkpoint every N steps (0: none)")
     args = p.parse_args()
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=256, bos_token_id=0, eos_token_id=0, n_positions=64, n_embd=64, n_layer=2, n_head=2)
     model = GPT2LMHeadModel(config)
     targs = TrainingArguments(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=8,
-                              learning_rate=1e-3, logging_steps=1000, save_strategy="no", report_to=[],
+                              learning_rate=1e-3, logging_steps=1000, report_to=[],
+                              save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
                               use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True)
     trainer = LossPrinter(model=model, args=targs, train_dataset=Ramps(64, 32, 256))
     trainer.train()
