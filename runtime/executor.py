@@ -278,22 +278,20 @@ class PlanExecutor(OpStream):
 
     def _before_op(self, index: int, func: Any, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         name = str(func)
-        if self._writing or (self._aliasing and name in _ONLY_ALIAS):  # NOTE [ Streamed saves ]
-            if self.schedule is not None:  # nothing freed under the save's own reads, nor brought back
-                self._leave(f"op {index}: ran {name} inside a torch.save")
-            return
+        schedule = self.schedule
+        if schedule is not None and (index >= schedule.num_ops or schedule.op_names[index] != name):
+            expected = schedule.op_names[index] if index < schedule.num_ops else "the end of the iteration"
+            self._leave(f"op {index}: ran {name}, the plan expects {expected}")
+            schedule = None
+        if self._writing and schedule is None:  # NOTE [ Streamed saves ]: its copies' ops, on demand:
+            return  # nothing freed under them (a write finished), nor brought back
         if self.engine.completed:
             self._drain()
-        schedule = self.schedule
         if schedule is not None:
-            if index >= schedule.num_ops or schedule.op_names[index] != name:
-                expected = schedule.op_names[index] if index < schedule.num_ops else "the end of the iteration"
-                self._leave(f"op {index}: ran {name}, the plan expects {expected}")
-            else:
-                for m in schedule.triggers.get(index, ()):
-                    self._start(m)
-                    if self.schedule is None:  # a size differs: it left the plan
-                        break
+            for m in schedule.triggers.get(index, ()):
+                self._start(m)
+                if self.schedule is None:  # a size differs: it left the plan
+                    break
         if self._again:
             self._send_again(func, inputs)
         if self.hold_on_demand:  # NOTE [ On demand within the budget ]
@@ -301,7 +299,7 @@ class PlanExecutor(OpStream):
                 self._busy.update(tid for tid, _, _ in inputs)
             if self.schedule is None and self.iteration > 0 and self.steady.budget_bytes is not None:
                 self._evict_for(inputs)
-        if self.moved:
+        if self.moved and not (self._aliasing and name in _ONLY_ALIAS):  # NOTE [ Streamed saves ]
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
                 if entry is None:
@@ -1013,20 +1011,22 @@ class PlanExecutor(OpStream):
 
     @contextmanager
     def only_aliased(self) -> Iterator[None]:
-        self._aliasing += 1
+        here = threading.get_ident() == self._thread  # another thread's ops are not seen
+        self._aliasing += here
         try:
             yield
         finally:
-            self._aliasing -= 1
+            self._aliasing -= here
 
     @_locked
     def pickled_bytes(self, storage: torch.UntypedStorage) -> int:
         """The size ``storage`` is saved at: its recorded size if it is out (freed in place). On
-        another thread, it is held in memory from now to the save's end."""
-        if threading.get_ident() != self._thread and self.ids.get(storage) is not None:
-            self._held[id(storage)] = self._held.get(id(storage), 0) + 1
-            self._streams.held.append(storage)
+        another thread, held from now to the save's end, its transfer in flight done first; a
+        device's storage brought back there (torch copies it to host memory unlocked)."""
         tid = self.ids.get(storage)
+        if tid is not None and threading.get_ident() != self._thread:
+            self._hold(tid, storage, bring_back=storage.device.type != "cpu")
+            self._streams.held.append(storage)
         entry = self.moved.get(tid) if tid is not None else None
         out = entry is not None and entry.state in (Residency.SSD, Residency.HOST)
         return entry.nbytes if out and entry is not None else storage.nbytes()
@@ -1038,6 +1038,9 @@ class PlanExecutor(OpStream):
         thread, any transfer: the training thread would free it under the write), once done."""
         tid = self.ids.get(storage)
         entry = self.moved.get(tid) if tid is not None else None
+        if tid is not None and entry is None and threading.get_ident() != self._thread:
+            # held, maybe brought back since torch read its size: its bytes as they are now
+            return (storage if storage.device.type == "cpu" else storage.cpu()), storage.nbytes()
         if tid is None or entry is None:
             if nbytes != pickled:
                 raise RuntimeError(f"teraio: torch.save read {nbytes} bytes of a storage it had pickled at "
@@ -1093,20 +1096,8 @@ class PlanExecutor(OpStream):
                     tid = self.ids.get(storage) if storage is not None else None
                     if storage is None or tid is None:
                         continue
-                    self._held[id(storage)] = self._held.get(id(storage), 0) + 1
+                    self._hold(tid, storage, bring_back=True)
                     held.append(storage)
-                    entry = self.moved.get(tid)
-                    while entry is not None and entry.job is not None:  # a transfer in flight (and
-                        job = entry.job  # a host write after a full disk's failed one)
-                        self._finished(job)
-                        entry = self.moved.get(tid)
-                        if entry is not None and entry.job is job:  # not applied: never wait for ever
-                            break
-                    if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
-                        self._fetch(tid, entry, urgent=True, for_op=False)
-                        if entry.job is not None:
-                            self._finished(entry.job)
-                        self.stats.save_fetches += 1
             yield
         finally:
             with self._lock:
@@ -1114,6 +1105,23 @@ class PlanExecutor(OpStream):
                     n = self._held.pop(id(storage)) - 1
                     if n > 0:
                         self._held[id(storage)] = n
+
+    def _hold(self, tid: int, storage: torch.UntypedStorage, bring_back: bool) -> None:
+        """``storage`` held by a read on another thread, its transfer in flight done; if
+        ``bring_back``, in memory."""
+        self._held[id(storage)] = self._held.get(id(storage), 0) + 1
+        entry = self.moved.get(tid)
+        while entry is not None and entry.job is not None:  # a transfer in flight (and
+            job = entry.job  # a host write after a full disk's failed one)
+            self._finished(job)
+            entry = self.moved.get(tid)
+            if entry is not None and entry.job is job:  # not applied: never wait for ever
+                break
+        if bring_back and entry is not None and entry.state in (Residency.SSD, Residency.HOST):
+            self._fetch(tid, entry, urgent=True, for_op=False)
+            if entry.job is not None:
+                self._finished(entry.job)
+            self.stats.save_fetches += 1
 
     def _finished(self, job: Job) -> None:
         """Wait for ``job`` (served before every job that is not urgent) and apply its result, on a

@@ -24,10 +24,14 @@ types only where it has memory; an out storage is checked here (the file was
 written, the view read back as the other type). On a
 thread of the script's own (a checkpoint written in the background while
 training goes on), every storage it pickles is held from then to its end (NOTE [
-Reads on other threads ] in runtime.executor): the training thread does not free
-one resident then under its write, nor send one out again once an op brings it
-back; a transfer in flight at its record is waited for, and a copy is read with
-the records locked (the training thread waits for that one read). With
+Reads on other threads ] in runtime.executor), its transfer in flight done
+first: the training thread does not free one resident then under its write, nor
+send one out again once an op brings it back. A device's storage is brought back
+there (torch copies it to host memory with no lock, and no op teraio sees); a
+CPU storage out is written from its copy, read with the records locked (the
+training thread waits for that one read), or, brought back meanwhile, from
+memory; a parameter subclass's pickling (its ``__getstate__`` may read it) has
+it brought back. With
 ``--hold-on-demand``, such saves kept the iterations they overlapped within the
 budget, where bringing what was out back for them took those to 1.29x. The
 legacy writer (``_use_new_zipfile_serialization=False``) and a torch whose writer
@@ -78,7 +82,7 @@ class _Pickling:
     def __init__(self, module: Any, executor: PlanExecutor, sizes: dict[str, tuple[torch.UntypedStorage, int]]
                  ) -> None:
         self._module = module
-        types: dict[str, Any] = {}  # key -> the storage type it was pickled as
+        types: dict[str, torch.dtype] = {}  # key -> the dtype an out storage was pickled as
 
         class Pickler(module.Pickler):  # type: ignore[misc, name-defined]
             def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -99,7 +103,7 @@ class _Pickling:
 
 
 def _sized(obj: Any, pid: Any, executor: PlanExecutor, sizes: dict[str, tuple[torch.UntypedStorage, int]],
-           types: dict[str, Any]) -> Any:
+           types: dict[str, torch.dtype]) -> Any:
     """torch's name of a storage, ``("storage", type, key, location, numel)``, with the numel of
     an out storage's recorded size."""
     if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
@@ -109,7 +113,8 @@ def _sized(obj: Any, pid: Any, executor: PlanExecutor, sizes: dict[str, tuple[to
     nbytes = executor.pickled_bytes(storage)
     sizes[pid[2]] = (storage, nbytes)
     # torch refuses one storage saved as two types where it has memory (``data_ptr()``): out too
-    if nbytes and storage.data_ptr() == 0 and types.setdefault(pid[2], pid[1]) is not pid[1]:
+    dtype = obj.dtype if typed else torch.uint8
+    if nbytes and storage.data_ptr() == 0 and types.setdefault(pid[2], dtype) != dtype:
         raise RuntimeError("Cannot save multiple tensors or storages that view the same data as different types")
     return (*pid[:4], nbytes // obj._element_size() if typed else nbytes)
 

@@ -1023,6 +1023,9 @@ class OpStream(TorchDispatchMode):
         def pickling(param: torch.nn.Parameter, *args: Any, **kwargs: Any) -> Any:
             if not stream.saving_streamed():
                 return reduce(param, *args, **kwargs)
+            if threading.get_ident() != stream._thread and type(param) is not torch.nn.Parameter:
+                with stream._resident(param):  # no op is seen there: its __getstate__ may read it
+                    return reduce(param, *args, **kwargs)
             with stream.only_aliased():
                 return reduce(param, *args, **kwargs)
 

@@ -437,13 +437,15 @@ class ScaledParam(torch.nn.Parameter):
         return {"absmax": self.detach().abs().max().item()}
 
 
+@pytest.mark.parametrize("elsewhere", [False, True])
 @pytest.mark.parametrize("what", ["state read from the data", "one storage as two types"])
-def test_a_save_runs_the_ops_and_checks_of_the_plain_one(plan: Plan, what: str) -> None:
+def test_a_save_runs_the_ops_and_checks_of_the_plain_one(plan: Plan, what: str, elsewhere: bool) -> None:
     """While a save pickles, only the ``detach`` that pickling a parameter runs leaves an out
     storage out (NOTE [ Streamed saves ]): a parameter subclass whose ``__getstate__`` reads its
-    data brings it back (it read the freed storage: a segfault), and the file holds the plain run's
-    bytes. A weight saved beside a view of it as another type fails as in the plain run (torch
-    checks only storages with memory: the file was written, the view read back as float32)."""
+    data brings it back (it read the freed storage: a segfault; on a thread of the script's own,
+    where no op is seen, it is brought back and held), and the file holds the plain run's bytes.
+    A weight saved beside a view of it as another type fails as in the plain run (torch checks
+    only storages with memory: the file was written, the view read back as float32)."""
     kept: dict[str, torch.Tensor] = {}
 
     def save_at(files: list[bytes | str]) -> Callable[[int, torch.nn.Module, torch.optim.Optimizer], None]:
@@ -455,11 +457,19 @@ def test_a_save_runs_the_ops_and_checks_of_the_plain_one(plan: Plan, what: str) 
             if step == 3:
                 files.append(weight.untyped_storage().nbytes() == 0)  # type: ignore[arg-type]
                 f = io.BytesIO()
-                try:
-                    torch.save({"w": weight, "other": kept["other"]}, f)
-                    files.append(f.getvalue())
-                except RuntimeError as exc:
-                    files.append(str(exc))
+
+                def save() -> None:
+                    try:
+                        torch.save({"w": weight, "other": kept["other"]}, f)
+                        files.append(f.getvalue())
+                    except RuntimeError as exc:
+                        files.append(str(exc))
+                if elsewhere:
+                    saving = threading.Thread(target=save)
+                    saving.start()
+                    saving.join()
+                else:
+                    save()
         return hook
 
     plain: list[bytes | str] = []
@@ -470,6 +480,23 @@ def test_a_save_runs_the_ops_and_checks_of_the_plain_one(plan: Plan, what: str) 
     assert ours[0] is True, "the weight was not out at the save"
     assert ours[1] == plain[1]
     assert isinstance(ours[1], str) == (what == "one storage as two types"), ours[1]
+
+
+def test_a_save_at_every_step_is_in_the_plan() -> None:
+    """The parameters saved at every step, as the profile saw: the pickling's ``detach`` ops are
+    the plan's, and it is followed with them (NOTE [ Streamed saves ]: they bring nothing back,
+    and once they left the plan at each save, so no iteration followed it and it was refused)."""
+    def save_at(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        torch.save(list(model.parameters()), io.BytesIO())
+
+    tracer = Tracer(warmup=1, iters=1)
+    with pytest.raises(ProfileComplete), tracer:
+        train(5, save_at=save_at)
+    plan = hand_plan(tracer.profile({}))
+    expected = train(6, save_at=save_at)
+    with offload(plan) as ex:
+        assert same(train(6, save_at=save_at), expected)
+    assert ex.unfollowed == [] and ex.matched_iterations >= 4 and ex.stats.save_fetches > 0
 
 
 def test_a_copy_a_save_cannot_read_is_a_named_error(plan: Plan, tmp_path: Path) -> None:
