@@ -33,7 +33,7 @@ training thread waits for that one read), or, brought back meanwhile, from
 memory; a parameter subclass's pickling (its ``__getstate__`` may read it) has
 it brought back. With
 ``--hold-on-demand``, such saves kept the iterations they overlapped within the
-budget, where bringing what was out back for them took those to 1.29x. The
+budget, where bringing what was out back for them took those to 1.30x. The
 legacy writer (``_use_new_zipfile_serialization=False``) and a torch whose writer
 takes other arguments bring the storages back as before
 (``PlanExecutor.resident_for``).

@@ -274,7 +274,7 @@ def test_checkpoints_saved_on_a_background_thread(overlap: bool, hold: bool, tmp
     holds the plain run's bytes (NOTE [ Reads on other threads ] in runtime.executor). What is
     out is written from its copies (NOTE [ Streamed saves ] in runtime.saves): with
     `--hold-on-demand`, the iterations the saves overlap keep to the budget (bringing the
-    optimizer's state back for them took those to 1.29x)."""
+    optimizer's state back for them took those to 1.30x)."""
     plain, teraio = compare(SCRIPTS / "background_save.py", ["--overlap"] if overlap else [], tmp_path,
                             share="min", run_opts=("--hold-on-demand",) if hold else ())
     assert_identical(plain, teraio)

@@ -13,6 +13,7 @@ p.add_argument("--steps", type=int, default=6)
 p.add_argument("--save")
 p.add_argument("--overlap", action="store_true", help="join each saving thread a step later")
 p.add_argument("--save-at", type=int, nargs="*", default=[3, 4])
+p.add_argument("--checkpoint-dir", default=".")
 args = p.parse_args()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
@@ -31,7 +32,7 @@ for step in range(args.steps):
         saving = None
     if step in args.save_at:
         state = {"model": model.state_dict(), "opt": opt.state_dict()}
-        saving = threading.Thread(target=torch.save, args=(state, f"checkpoint-{step}.pt"))
+        saving = threading.Thread(target=torch.save, args=(state, f"{args.checkpoint_dir}/checkpoint-{step}.pt"))
         saving.start()
         if not args.overlap:
             saving.join()
