@@ -333,18 +333,24 @@ def test_a_forked_child_reading_what_is_out_stops_itself_and_the_parent_loses_no
     assert codes and codes[0] in (0, 1), codes
 
 
-def test_deleted_swap_file_is_a_named_error(plan: Plan, tmp_path: Path) -> None:
-    def delete_swap_files(step: int) -> None:
+@pytest.mark.parametrize("reader", ["an op", "a torch.save"])
+def test_deleted_swap_file_is_a_named_error(plan: Plan, reader: str, tmp_path: Path) -> None:
+    """Swap files gone when a tensor is read back, for an op or by a torch.save that writes it
+    from its copy (NOTE [ Streamed saves ]): an error naming the tensor and the file."""
+    def delete_swap_files(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
         if step == 3:
             ex._drain()
             files = list(tmp_path.glob("teraio-swap-*/*.bin"))
             assert files, "nothing was offloaded before backward"
             for f in files:
                 f.unlink()
+            if reader == "a torch.save":
+                torch.save({"params": list(model.parameters()), "opt": opt.state_dict()}, io.BytesIO())
 
-    with pytest.raises(StorageIOError, match=r"tensor \d+: cannot read it back from .*\.bin"):
+    with pytest.raises(StorageIOError, match=r"tensor \d+: cannot read it back from .*\.bin") as caught:
         with offload(plan, swap_dir=tmp_path, backend="posix") as ex:
-            train(6, hook=delete_swap_files)
+            train(6, save_at=delete_swap_files)
+    assert any(Path(e.path).name == "saves.py" for e in caught.traceback) == (reader == "a torch.save")
     assert not list(tmp_path.iterdir())
 
 
@@ -497,23 +503,6 @@ def test_a_save_at_every_step_is_in_the_plan() -> None:
     with offload(plan) as ex:
         assert same(train(6, save_at=save_at), expected)
     assert ex.unfollowed == [] and ex.matched_iterations >= 4 and ex.stats.save_fetches > 0
-
-
-def test_a_copy_a_save_cannot_read_is_a_named_error(plan: Plan, tmp_path: Path) -> None:
-    """A swap file gone when torch.save writes its tensor from it: the save fails naming the
-    tensor and the file (NOTE [ Streamed saves ]), as a read for an op would."""
-    def save_at(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-        if step == 3:
-            ex._drain()
-            files = list(tmp_path.glob("teraio-swap-*/*.bin"))
-            assert files, "nothing was out at the save"
-            for f in files:
-                f.unlink()
-            torch.save({"params": list(model.parameters()), "opt": opt.state_dict()}, io.BytesIO())
-
-    with pytest.raises(StorageIOError, match=r"tensor \d+: cannot read it back from .*\.bin"):
-        with offload(plan, swap_dir=tmp_path, backend="posix") as ex:
-            train(5, save_at=save_at)
 
 
 def test_a_loaded_checkpoint_counts_the_bytes_it_holds(plan: Plan, tmp_path: Path) -> None:
