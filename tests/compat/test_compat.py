@@ -90,6 +90,22 @@ def test_the_trainers_checkpoints_hold_the_plain_runs_bytes(tmp_path: Path) -> N
     assert max(teraio.report["iteration_peak_bytes"][1:]) <= 1.05 * teraio.budget, teraio.report
 
 
+def test_a_distributed_checkpoint_holds_the_plain_runs_bytes(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint (DCP) saving the model's and optimizer's state after step 3,
+    under `--hold-on-demand` at the smallest budget: its files are the plain run's, training
+    bit-identical, and the saving iteration keeps to the budget (2.35x without the flag)."""
+    plain, teraio = compare(SCRIPTS / "dcp_checkpoint.py", [], tmp_path, share="min",
+                            run_opts=("--hold-on-demand",))
+    assert_identical(plain, teraio)
+    saved = sorted((tmp_path / "plain" / "dcp-checkpoints" / "step-3").glob("*.distcp"))  # .metadata has a uuid
+    assert saved
+    for f in saved:
+        assert f.read_bytes() == (tmp_path / "teraio" / "dcp-checkpoints" / "step-3" / f.name).read_bytes(), f.name
+    assert teraio.report is not None and teraio.budget is not None
+    assert not teraio.report["iteration_followed"][4]
+    assert max(teraio.report["iteration_peak_bytes"][1:]) <= 1.05 * teraio.budget, teraio.report
+
+
 def test_an_in_memory_data_set_is_never_moved(tmp_path: Path) -> None:
     """A data set made before the loop, which the DataLoader's uncounted ops index every step:
     never planned (NOTE [ Data loading is not counted ] in torch_patch.opstream: iteration 0's
