@@ -993,10 +993,7 @@ class PlanExecutor(OpStream):
                 if training:
                     self._writing = writing
                 if not streams.depth:
-                    for storage in streams.held:
-                        n = self._held.pop(id(storage)) - 1
-                        if n > 0:
-                            self._held[id(storage)] = n
+                    self._release(streams.held)
                     streams.held = []
 
     def writing_records(self) -> None:
@@ -1025,11 +1022,12 @@ class PlanExecutor(OpStream):
         device's storage brought back there (torch copies it to host memory unlocked)."""
         tid = self.ids.get(storage)
         if tid is not None and threading.get_ident() != self._thread:
+            self._streams.held.append(storage)  # released at the save's end, whatever _hold raises
             self._hold(tid, storage, bring_back=storage.device.type != "cpu")
-            self._streams.held.append(storage)
         entry = self.moved.get(tid) if tid is not None else None
-        out = entry is not None and entry.state in (Residency.SSD, Residency.HOST)
-        return entry.nbytes if out and entry is not None else storage.nbytes()
+        if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
+            return entry.nbytes
+        return storage.nbytes()
 
     @_locked
     def saved_bytes(self, storage: torch.UntypedStorage, pickled: int, data: Any, nbytes: int) -> tuple[Any, int]:
@@ -1050,7 +1048,7 @@ class PlanExecutor(OpStream):
         waited = entry.job is not None and (entry.state is Residency.FETCHING or not training)
         if waited and training:
             self._wait(entry)
-        elif waited and entry.job is not None:
+        elif waited and entry.job is not None:  # (for mypy: ``waited`` says it has one)
             self._finished(entry.job)
         entry = self.moved.get(tid)
         if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
@@ -1077,7 +1075,8 @@ class PlanExecutor(OpStream):
     # (2 of 3 runs at the smallest budget), with no error. So the records change under one lock,
     # which the training thread takes around its bookkeeping of each op (not around the op
     # itself), its frees and its boundaries. A read on another thread takes it to bring back
-    # what it reads (waiting for a write in flight first, as a save on the training thread does),
+    # what it reads (waiting for a write in flight first; a torch.save there writes what is out
+    # of the CPU's memory from its copies instead: NOTE [ Streamed saves ] in runtime.saves),
     # and marks those storages held: while a read holds one, the plan's offloads of it are left
     # out (it stays in memory, which may take an iteration over its budget: said once), and
     # nothing it brought back is freed again when it ends; the plan's next offload of it is.
@@ -1096,19 +1095,16 @@ class PlanExecutor(OpStream):
                     tid = self.ids.get(storage) if storage is not None else None
                     if storage is None or tid is None:
                         continue
+                    held.append(storage)  # released below, whatever _hold raises
                     self._hold(tid, storage, bring_back=True)
-                    held.append(storage)
             yield
         finally:
             with self._lock:
-                for storage in held:
-                    n = self._held.pop(id(storage)) - 1
-                    if n > 0:
-                        self._held[id(storage)] = n
+                self._release(held)
 
     def _hold(self, tid: int, storage: torch.UntypedStorage, bring_back: bool) -> None:
-        """``storage`` held by a read on another thread, its transfer in flight done; if
-        ``bring_back``, in memory."""
+        """``storage`` held by a read on another thread (until ``_release``), its transfer in
+        flight done; if ``bring_back``, in memory."""
         self._held[id(storage)] = self._held.get(id(storage), 0) + 1
         entry = self.moved.get(tid)
         while entry is not None and entry.job is not None:  # a transfer in flight (and
@@ -1122,6 +1118,12 @@ class PlanExecutor(OpStream):
             if entry.job is not None:
                 self._finished(entry.job)
             self.stats.save_fetches += 1
+
+    def _release(self, held: list[torch.UntypedStorage]) -> None:
+        for storage in held:
+            n = self._held.pop(id(storage)) - 1
+            if n > 0:
+                self._held[id(storage)] = n
 
     def _finished(self, job: Job) -> None:
         """Wait for ``job`` (served before every job that is not urgent) and apply its result, on a

@@ -9,34 +9,36 @@ teraio kept within its budget took the memory to the whole state's size (the
 Adam moments and the parameters together). Now the save is given a pickle
 module whose pickler names an out storage at its recorded size, and a writer
 that, for the record of a storage out when its bytes are written, writes its
-copy, read from the SSD or host memory into a host buffer of that one storage:
-nothing comes back into the memory the plan budgets, and the file holds the
-plain run's bytes. A storage whose read is in flight is waited for, and its
-bytes taken once it is whole. While such a save pickles, ``Tensor.__reduce_ex__``
-brings nothing back (NOTE [ DLPack exports ] in torch_patch.opstream), nor does
-the ``detach`` of ``Parameter.__reduce_ex__`` (a model saved whole); any other
-op does (a parameter subclass's ``__getstate__`` that read its data on a freed
-storage crashed). Once the pickle is written, the ops of torch's copies of a
-device's storages to host memory (``storage.cpu()``, which copies nothing of a
-freed one) run with nothing brought back, nor drained: a write finished then
-freed its storage under the copy. torch checks that no storage is saved as two
-types only where it has memory; an out storage is checked here (the file was
-written, the view read back as the other type). On a
-thread of the script's own (a checkpoint written in the background while
+copy, read from the SSD or host memory into an untracked host buffer of that
+one storage: nothing comes back into the memory the plan budgets, and the file
+holds the plain run's bytes. A storage whose read is in flight is waited for,
+and its bytes taken once it is whole.
+
+While such a save pickles, ``Tensor.__reduce_ex__`` brings nothing back (NOTE [
+DLPack exports ] in torch_patch.opstream), nor does the ``detach`` of
+``Parameter.__reduce_ex__`` (a model saved whole). A parameter subclass is
+brought back first (its ``__getstate__`` may read its data: one that did read a
+freed storage and crashed), and so is what any other op reads. Once the pickle
+is written, the ops of torch's copies of a device's storages to host memory
+(``storage.cpu()``, which copies nothing of a freed one) run with nothing
+brought back, nor drained, where the iteration runs on demand: a write finished
+then freed its storage under the copy. torch checks that no storage is saved as
+two types only where it has memory; an out storage is checked here (the file
+was written, the view read back as the other type).
+
+On a thread of the script's own (a checkpoint written in the background while
 training goes on), every storage it pickles is held from then to its end (NOTE [
 Reads on other threads ] in runtime.executor), its transfer in flight done
 first: the training thread does not free one resident then under its write, nor
-send one out again once an op brings it back. A device's storage is brought back
-there (torch copies it to host memory with no lock, and no op teraio sees); a
-CPU storage out is written from its copy, read with the records locked (the
-training thread waits for that one read), or, brought back meanwhile, from
-memory; a parameter subclass's pickling (its ``__getstate__`` may read it) has
-it brought back. With
-``--hold-on-demand``, such saves kept the iterations they overlapped within the
-budget, where bringing what was out back for them took those to 1.30x. The
-legacy writer (``_use_new_zipfile_serialization=False``) and a torch whose writer
-takes other arguments bring the storages back as before
-(``PlanExecutor.resident_for``).
+send one out again once an op brings it back. A CPU storage out is written from
+its copy, read with the records locked (the training thread waits for that one
+read), or, brought back meanwhile, from memory. A device's storage is brought
+back there and held (torch copies it to host memory with no lock and no op
+teraio sees), which takes memory as before. With ``--hold-on-demand``, such saves
+kept the iterations they overlapped within the budget on the CPU, where bringing
+what was out back for them took those to 1.30x. The legacy writer
+(``_use_new_zipfile_serialization=False``) and a torch whose writer takes other
+arguments bring the storages back as before (``PlanExecutor.resident_for``).
 """
 
 from __future__ import annotations

@@ -62,9 +62,10 @@ def _summary(r: dict[str, Any]) -> str:
                      f"{max(p for _, p in above) / budget:.2f}x). Possible causes: memory the script came to "
                      "hold after the profiled iterations (a checkpoint loaded and kept, an evaluation's "
                      "results, a history that grows: profile a stretch of steps that holds it, --warmup, or "
-                     "plan with that much less --gpu-mem); a torch.save in the legacy format "
-                     "of tensors teraio had moved out (they all come back for the save); writes "
-                     "slower than the plan's bandwidth (a busy disk: plan with less --ssd-bw)")
+                     "plan with that much less --gpu-mem); a torch.save of tensors teraio had moved "
+                     "out, in the legacy format or of a GPU's tensors on a thread of the script's own (they "
+                     "all come back for the save); writes slower than the plan's bandwidth (a busy disk: plan "
+                     "with less --ssd-bw)")
     if r["compiled"]:
         lines.append(f"torch.compile ({', '.join(r['compiled'])}) ran eagerly under teraio: results "
                      "match the eager model's")

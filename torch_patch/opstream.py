@@ -819,7 +819,8 @@ class OpStream(TorchDispatchMode):
     # resize: brought back first if it is out (``bring_back``), then never planned nor freed. A
     # copy (``copy=True``) hands out nothing. (``t.numpy()`` runs a ``detach`` op, which brings
     # it back, and PyTorch marks its storage not resizable.) ``t.tolist()``, ``copy.deepcopy(t)``
-    # (a storage clone), pickling (``t.__reduce_ex__``, which pickles ``t``'s storage) and printing
+    # (a storage clone), pickling (``t.__reduce_ex__``, which pickles ``t``'s storage; not inside
+    # a torch.save that writes it itself: NOTE [ Streamed saves ] in runtime.saves) and printing
     # (``repr(t)``, which indexes ``t`` with every dispatch mode turned off) read the memory with no
     # op teraio sees: the tensor is brought back alone (a deep copy of an optimizer's state copied an
     # empty storage, then garbage; ``print(weight)`` raised "out of bounds for storage of size
@@ -1017,14 +1018,15 @@ class OpStream(TorchDispatchMode):
 
     def _pickling_parameter(self, reduce: Any) -> Any:
         """``Parameter.__reduce_ex__``, whose ``self.data`` is a ``detach`` op: inside such a save
-        it only aliases the storage, which the save writes (NOTE [ Streamed saves ])."""
+        it only aliases the storage, which the save writes (NOTE [ Streamed saves ]). A subclass's
+        is brought back first: its ``__getstate__`` may read it."""
         stream = self
 
         def pickling(param: torch.nn.Parameter, *args: Any, **kwargs: Any) -> Any:
             if not stream.saving_streamed():
                 return reduce(param, *args, **kwargs)
-            if threading.get_ident() != stream._thread and type(param) is not torch.nn.Parameter:
-                with stream._resident(param):  # no op is seen there: its __getstate__ may read it
+            if type(param) is not torch.nn.Parameter:  # a subclass's __getstate__ may read it
+                with stream._resident(param):
                     return reduce(param, *args, **kwargs)
             with stream.only_aliased():
                 return reduce(param, *args, **kwargs)

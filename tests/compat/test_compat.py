@@ -77,8 +77,7 @@ def test_the_trainers_checkpoints_hold_the_plain_runs_bytes(tmp_path: Path) -> N
     """The transformers Trainer saving a checkpoint at step 3 (the model through safetensors,
     the optimizer's state through torch.save) under `--hold-on-demand` at the smallest budget:
     the files are the plain run's, the training bit-identical, and the iteration that saves
-    keeps to the budget too (without the flag it reached 3.1x; NOTE [ Streamed saves ] in
-    runtime.saves)."""
+    keeps to the budget too, by the flag's evictions (without it, 3.1x)."""
     args = ["--save-steps", "3"]
     plain, teraio = compare(SCRIPTS / "hf_trainer.py", args, tmp_path, share="min", run_opts=("--hold-on-demand",))
     assert_identical(plain, teraio)
