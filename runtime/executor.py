@@ -1036,21 +1036,20 @@ class PlanExecutor(OpStream):
         thread, any transfer: the training thread would free it under the write), once done."""
         tid = self.ids.get(storage)
         entry = self.moved.get(tid) if tid is not None else None
-        if tid is not None and entry is None and threading.get_ident() != self._thread:
-            # held, maybe brought back since torch read its size: its bytes as they are now
-            return (storage if storage.device.type == "cpu" else storage.cpu()), storage.nbytes()
-        if tid is None or entry is None:
+        training = threading.get_ident() == self._thread
+        if tid is None or (entry is None and training):
             if nbytes != pickled:
                 raise RuntimeError(f"teraio: torch.save read {nbytes} bytes of a storage it had pickled at "
                                    f"{pickled} bytes; its file would not load: please report this")
             return data, nbytes
-        training = threading.get_ident() == self._thread
-        waited = entry.job is not None and (entry.state is Residency.FETCHING or not training)
-        if waited and training:
-            self._wait(entry)
-        elif waited and entry.job is not None:  # (for mypy: ``waited`` says it has one)
-            self._finished(entry.job)
-        entry = self.moved.get(tid)
+        # on another thread with no entry: held, maybe brought back since torch read its size
+        waited = entry is None or entry.job is not None and (entry.state is Residency.FETCHING or not training)
+        if entry is not None and entry.job is not None and waited:
+            if training:
+                self._wait(entry)
+            else:
+                self._finished(entry.job)
+            entry = self.moved.get(tid)
         if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
             try:
                 with _disable_current_modes():  # the backend's own ops are not the script's
@@ -1061,7 +1060,7 @@ class PlanExecutor(OpStream):
             self.stats.bytes_read[entry.target] += entry.nbytes
             self.stats.save_fetches += 1
             return copy.untyped_storage(), entry.nbytes
-        if waited:  # back in memory, and held there (another thread) or by this one
+        if waited:  # in memory, held there (another thread) or by this one: its bytes as they are now
             with _disable_current_modes():
                 return (storage if storage.device.type == "cpu" else storage.cpu()), storage.nbytes()
         return data, nbytes  # its write in flight, on this thread: whole until it is done

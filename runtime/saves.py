@@ -59,12 +59,11 @@ def streamed_save(executor: PlanExecutor, save: Callable[..., Any]) -> Callable[
     """``save`` (torch's zip writer) with the storages ``executor`` has out written from their
     copies; None where ``save`` does not take a zip file and a pickle module by those names."""
     try:
-        params = inspect.signature(save).parameters
+        signature = inspect.signature(save)
     except (TypeError, ValueError):
         return None
-    if "zip_file" not in params or "pickle_module" not in params:
+    if "zip_file" not in signature.parameters or "pickle_module" not in signature.parameters:
         return None
-    signature = inspect.signature(save)
 
     def streamed(obj: Any, *args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(obj, *args, **kwargs)
