@@ -869,7 +869,8 @@ class PlanExecutor(OpStream):
                 self._complete(entry.job, errors)
                 continue
             storage = entry.storage()
-            if storage is None:
+            if storage is None:  # died on another thread, its free still queued there: apply it
+                self.on_free(tid)  # (or a finished run names it "not restored" and keeps its file)
                 continue
             # NOTE [ Interrupts ]: with no job in flight, a freed storage or an SSD/HOST entry
             # holds its bytes in the backend; anything else is resident already.

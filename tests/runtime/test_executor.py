@@ -533,6 +533,41 @@ def test_a_model_the_script_drops_is_freed(plan: Plan) -> None:
         assert dropped() is None and ex.roots() == []
 
 
+def test_what_dies_on_another_thread_at_the_end_is_not_kept(profiled: Profile, tmp_path: Path) -> None:
+    """A model and optimizer the script ends with as cyclic garbage (DDP's are), collected on
+    another thread (the collector runs on whichever thread allocates, teraio's workers
+    included), while the plan has Adam's moments out: their frees are applied at exit. A
+    finished run failed there with "18 offloaded tensors could not be restored at exit" and
+    left a teraio-kept-* directory for tensors nobody held."""
+    names, acc = op_names(profiled), profiled.accesses_of()
+    size = profiled.tensors.set_index("tensor_id")["size_bytes"]
+    lerped = acc[acc.op_index.isin([k for k, name in enumerate(names) if name == "aten.lerp_.Scalar"])
+                 & (acc.access == "write")]
+    n, moves = len(names), []
+    for tid in {int(t) for t in lerped.tensor_id if size[t] >= 4096}:  # the first moments
+        uses = sorted(set(acc[acc.tensor_id == tid].op_index))
+        moves += [move(tid, "offload", uses[-1] + 1, uses[-1] + 2, int(size[tid]), uses[-1], n + uses[0], wraps=True),
+                  move(tid, "prefetch", uses[0] - 1, uses[0], int(size[tid]), uses[-1], n + uses[0], wraps=True)]
+    assert len(moves) == 6
+    plan = dataclasses.replace(hand_plan(profiled), migrations={0: moves})
+
+    def cycle(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        model.cycle = [model, opt]  # type: ignore[assignment]
+
+    expected = train(4)
+    gc.disable()
+    try:
+        with offload(plan, swap_dir=tmp_path, backend="posix") as ex:
+            assert same(train(4, save_at=cycle), expected)
+            assert len(ex.moved) == 3  # the moments, out across the boundary
+            collector = threading.Thread(target=gc.collect)
+            collector.start()
+            collector.join()
+    finally:
+        gc.enable()
+    assert not ex.moved and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(("how", "elsewhere"), [("tolist", False), ("repr", False), ("tolist", True),
                                                  ("repr", True), ("dlpack", True)])
 def test_memory_read_outside_any_op_is_brought_back(plan: Plan, how: str, elsewhere: bool) -> None:
