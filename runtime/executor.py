@@ -26,7 +26,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -1101,6 +1101,34 @@ class PlanExecutor(OpStream):
         finally:
             with self._lock:
                 self._release(held)
+
+    @contextmanager
+    def visited(self, storages: Sequence[torch.UntypedStorage]) -> Iterator[None]:
+        """NOTE [ Pointer checks ] in torch_patch.opstream: on the training thread, following a
+        plan, what is out comes back for the body alone and goes out again after it."""
+        if self.schedule is None or threading.get_ident() != self._thread or self.forked():
+            with self._in_memory(storages):
+                yield
+            return
+        out: list[tuple[int, torch.UntypedStorage, str]] = []
+        with self._lock:
+            for storage in storages:
+                tid = self.ids.get(storage)
+                entry = self.moved.get(tid) if tid is not None else None
+                if tid is None or entry is None:
+                    continue
+                if entry.state in (Residency.SSD, Residency.HOST):
+                    entry.keep_for_reuse = self.reuse_copies
+                    out.append((tid, storage, entry.target))
+                self._make_resident(tid, entry)
+        try:
+            yield
+        finally:
+            with self._lock:
+                for tid, storage, target in out:
+                    if self.schedule is not None and tid not in self.moved and self.ids.get(storage) == tid:
+                        if not (self.reuse_copies and self._reuse_copy(tid, storage, target)):
+                            self._offload(tid, storage, target, urgent=False)
 
     def _hold(self, tid: int, storage: torch.UntypedStorage, bring_back: bool) -> None:
         """``storage`` held by a read on another thread (until ``_release``), its transfer in

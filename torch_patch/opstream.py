@@ -95,6 +95,7 @@ __all__ = ["OpInfo", "OpStream", "active_stream", "mark_iteration", "parts"]
 _ACTIVE: list[OpStream] = []
 _Tensor = torch.Tensor
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_FSDP_PARAM = "torch.distributed.fsdp._fully_shard._fsdp_param"  # NOTE [ Pointer checks ]
 
 
 def _local(t: _Tensor) -> _Tensor:
@@ -326,6 +327,7 @@ class OpStream(TorchDispatchMode):
         self._signals: AbstractContextManager[None] | None = None  # NOTE [ Signals in free callbacks ]
         self._thread = threading.get_ident()
         self._pid = os.getpid()
+        self._fsdp_patched = False  # NOTE [ Pointer checks ]
 
     # ---- hooks for subclasses -------------------------------------------------
     def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -365,6 +367,11 @@ class OpStream(TorchDispatchMode):
         """The same, for a thread other than the training thread: ``storages`` back in memory,
         and kept there for the body (NOTE [ Reads on other threads ] in runtime.executor)."""
         return contextlib.nullcontext()
+
+    def visited(self, storages: Sequence[torch.UntypedStorage]) -> AbstractContextManager[None]:
+        """``storages`` in memory for a read outside any op that changes nothing, and where they
+        were after it (NOTE [ Pointer checks ])."""
+        return self._in_memory(storages)
 
     def on_compiled(self, what: str) -> None:
         """``torch.compile`` was called on ``what``, or a compiled module ran (NOTE [ Compiled
@@ -665,6 +672,8 @@ class OpStream(TorchDispatchMode):
         return live
 
     def _fwd_pre(self, module: torch.nn.Module, _args: Any) -> None:
+        if not self._fsdp_patched and _FSDP_PARAM in sys.modules:  # before FSDP2's own pre-hooks
+            self._patch_fsdp()
         compiled = _compiled_module_name(module)
         if compiled is not None:
             self._note_compiled(compiled)
@@ -718,6 +727,8 @@ class OpStream(TorchDispatchMode):
             self._patch(torch._C.Future, "then", self._calling_back)
             self._patch(torch._C.Future, "add_done_callback", self._calling_back)
             self._patch(torch.amp.GradScaler, "step", self._scaling)  # NOTE [ Skipped steps ]
+            if _FSDP_PARAM in sys.modules:  # else at the first forward, once imported (0.8 s here)
+                self._patch_fsdp()
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
             self._warning_filters = warnings.catch_warnings()
@@ -914,6 +925,30 @@ class OpStream(TorchDispatchMode):
 
         return restore_location_of
 
+    # NOTE [ Pointer checks ]: code that compares storages' pointers (``data_ptr()``) outside any
+    # op reads 0 for one teraio has out. FSDP2's lazy initialisation (``FSDPParam.
+    # reset_sharded_param``, at the first forward, and after ``load_state_dict``) takes a sharded
+    # parameter whose pointer is 0 for one replaced, and makes its view anew, an op no profile has:
+    # iteration 0 of an FSDP2 job at its smallest budget left its plan there and ran on demand, at
+    # 2.1-2.8x its budget. So each such check sees its storage in memory: brought back for it
+    # alone and, where the plan has it out, freed again at once against the copy it came from
+    # (the check writes nothing), so that no two are in together. Other pointer reads are not
+    # caught (NOTE [ DLPack exports ]).
+    def _patch_fsdp(self) -> None:
+        self._fsdp_patched = True
+        self._patch(sys.modules[_FSDP_PARAM].FSDPParam, "reset_sharded_param", self._checking_pointers)
+
+    def _checking_pointers(self, reset: Any) -> Any:
+        stream = self
+
+        def reset_sharded_param(fsdp_param: Any, *args: Any, **kwargs: Any) -> Any:
+            data = getattr(fsdp_param, "_sharded_param_data", None)
+            storages = [data.untyped_storage()] if type(data) is torch.Tensor else []
+            with stream.visited(storages):
+                return reset(fsdp_param, *args, **kwargs)
+
+        return reset_sharded_param
+
     def _others_manage(self, storage: torch.UntypedStorage) -> None:
         """``storage`` is someone else's to manage from now on: never planned nor freed."""
         self.foreign.add(storage)
@@ -1103,6 +1138,7 @@ class OpStream(TorchDispatchMode):
         for owner, name, original in reversed(self._patches):
             setattr(owner, name, original)
         self._patches = []
+        self._fsdp_patched = False
         for table, key, original in reversed(self._patched_items):
             table[key] = original
         self._patched_items = []

@@ -914,3 +914,45 @@ def test_a_tensor_the_last_op_uses_where_the_plan_has_it_out_goes_out_at_the_bou
         assert same(twin_train(7, swap_from=2, seen=seen), expected)
     assert ex.matched_iterations == 6 and not ex.unfollowed
     assert seen == [size] + [0] * 6, seen
+
+
+def fsdp_train(steps: int) -> tuple[list[float], list[torch.Tensor]]:
+    """``train``'s model, each layer and the whole sharded with FSDP2 (one rank)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model, _, gen = mlp_and_data()
+    for layer in model[::2]:
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(steps):
+        loss = model(torch.randn(64, 32, generator=gen)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.to_local().detach().clone() for p in model.parameters()]
+
+
+def test_fsdp2s_pointer_check_of_a_sharded_parameter_out_keeps_iteration_0_on_its_plan(tmp_path: Path) -> None:
+    """NOTE [ Pointer checks ] in torch_patch.opstream: FSDP2's lazy initialisation compares the
+    sharded parameters' pointers at the first forward, where iteration 0's plan has them out;
+    each comes back for the check alone, and the iteration follows its plan (it ran an op its
+    profile does not have, and went on on demand: an FSDP2 job at its smallest budget reached
+    2.1-2.8x the budget in iteration 0)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        tracer = Tracer(warmup=1, iters=1)
+        with pytest.raises(ProfileComplete), tracer:
+            fsdp_train(5)
+        plan = hand_plan(tracer.profile({}))
+        expected = fsdp_train(4)
+        with offload(plan, swap_dir=tmp_path) as ex:
+            assert same(fsdp_train(4), expected)
+        assert ex.first_left_at is None and ex.matched_iterations == 3
+        assert ex.stats.reused_offloads > 0
+    finally:
+        dist.destroy_process_group()
