@@ -657,14 +657,18 @@ class PlanExecutor(OpStream):
     # planner.problem), another device's (a CUDA run's pinned batch an asynchronous copy may
     # read), one another thread reads through torch.save, tolist or a deep copy, and nothing while
     # a torch.save on this thread runs (its pickling runs ``detach`` ops, and may make tensors
-    # the save then writes: sent out, a checkpoint held empty records). Every such offload writes
-    # (no copy is kept or reused: a write on another thread after an evaluation was lost so).
-    # Opt-in, because a storage may then go out where no plan has it out, and whatever reads it
-    # without an op teraio sees finds it freed: ops on a thread of the script's own (metrics in a
-    # thread pool, an EMA updated by a worker: a crash, or a write lost), a pointer read on this
-    # thread (safetensors' ``save_file`` of CPU tensors: an error). What cannot go
-    # out (what is carried, what the plan keeps in, another device's) may still take such an
-    # iteration over the budget, and so may an op that allocates more than any op of the plan.
+    # the save then writes: sent out, a checkpoint held empty records), nor one smaller than a
+    # thousandth of the budget (at most 1 MiB): too few bytes to matter, and small ones are what
+    # C++ code fills and reads through pointers between ops (DDP's Reducer its bucket indices,
+    # when ``static_graph`` or a rebuild syncs them: sent out, a rank failed with "received
+    # invalid bucket_size"). Every such offload writes (no copy is kept or reused: a write on
+    # another thread after an evaluation was lost so). Opt-in, because a storage may then go out
+    # where no plan has it out, and whatever reads it without an op teraio sees finds it freed:
+    # ops on a thread of the script's own (metrics in a thread pool, an EMA updated by a worker:
+    # a crash, or a write lost), a pointer read on this thread (safetensors' ``save_file`` of CPU
+    # tensors: an error; C++ code's, of a larger storage). What cannot go out (what is carried,
+    # what the plan keeps in, another device's) may still take such an iteration over the
+    # budget, and so may an op that allocates more than any op of the plan.
     def _evict_for(self, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         """Before an op run on demand: out with the least recently used storages until what the
         op brings back fits the budget (NOTE [ On demand within the budget ])."""
@@ -681,8 +685,9 @@ class PlanExecutor(OpStream):
             return
         sizes, used_at, evictable, transient = self.sizes, self._used_at, self._evictable, self._evict_transient
         busy = self._busy | self._busy_before
-        idle = [tid for tid in sizes if tid not in used and tid not in busy and tid not in self.moved
-                and (tid in evictable or transient and PRODUCED_BASE <= tid < LONG_BASE)]
+        least = min(budget >> 10, 1 << 20)
+        idle = [tid for tid in sizes if sizes[tid] >= least and tid not in used and tid not in busy
+                and tid not in self.moved and (tid in evictable or transient and PRODUCED_BASE <= tid < LONG_BASE)]
         for tid in sorted(idle, key=lambda t: (used_at.get(t, 0), -sizes[t])):
             storage = self.ids.storage(tid)
             if (storage is None or not storage.nbytes() or storage.nbytes() != sizes[tid]

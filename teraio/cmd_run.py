@@ -133,7 +133,8 @@ def run(
              "an iteration sends nothing out and may reach the plain run's peak. Not for a script "
              "that uses its tensors where teraio cannot see: ops on threads of its own (a thread "
              "pool computing metrics, an EMA updated by a worker), pointers (safetensors' "
-             "save_file of CPU tensors); those would find a tensor sent out.")] = False,
+             "save_file of CPU tensors, C++ code that keeps one across ops); those would find a "
+             "tensor sent out. Tensors under a thousandth of the budget (at most 1 MiB) stay.")] = False,
 ) -> None:
     """Run SCRIPT with the plan carried out: same results, less memory.
 
