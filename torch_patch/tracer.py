@@ -736,7 +736,7 @@ class Tracer(OpStream):
             for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
                 pairs.update(zip(prev[block.a:block.a + block.size], new[block.b:block.b + block.size],
                                  strict=True))
-        rename = {}
+        rename = self._regrown(rec)
         for old, succ in pairs.items():
             target = succ if rec.frees[old] <= rec.alloc[succ] else succ | CARRIED_FLAG
             if target != old and (target not in rec.carried or target in pairs):
@@ -750,6 +750,29 @@ class Tracer(OpStream):
             rec.frees = {rename.get(t, t): f for t, f in rec.frees.items()}
             rec.acc_tid = [rename.get(t, t) for t in rec.acc_tid]
         return pairs
+
+    # NOTE [ Gradients re-made ]: with ``zero_grad(set_to_none=True)`` a gradient is freed in each
+    # iteration and made again later in it: the one alive at the start carries the persistent
+    # number its name got at the boundary, the new one an op's id until the next boundary names
+    # it. Two rows, so the planner saw the old one as a storage alive from the start with no
+    # access, which no period covers: every gradient counted in memory until ``zero_grad``, though
+    # nothing reads it. Where it runs after the batch is made, the smallest budget of a plain loop
+    # held all the gradients (8.2 MiB against 2.0 with ``zero_grad`` right after the step). So the
+    # old one takes the new one's id where it dies before the new one is made: one storage whose
+    # lifetime wraps (NOTE [ Wrapping lifetimes ] in profiles.schema), out from its last use in the
+    # step until ``zero_grad`` frees it, never read back. The run names it as the plan does: by the
+    # op's id until the boundary, and its number after it, through the boundary's own renaming.
+    def _regrown(self, rec: _Iteration) -> dict[int, int]:
+        """Old id -> new of each gradient (a named storage) freed in ``rec`` and made again after
+        its free under the same name (NOTE [ Gradients re-made ])."""
+        made = {name: t for t, (name, _) in self.labels.items() if t in rec.alloc and t not in rec.frees}
+        out = {}
+        for old in rec.carried:
+            if old < PRODUCED_BASE and old in rec.frees and old in self.persistent:
+                new = made.get(self.persistent[old][0])
+                if new is not None and rec.frees[old] <= rec.alloc[new] and self.sizes.get(new) == rec.carried[old]:
+                    out[old] = new
+        return out
 
     def _close(self, rec: _Iteration) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         """The tables of the iteration ``rec`` recorded."""
