@@ -70,8 +70,11 @@ def streamed_save(executor: PlanExecutor, save: Callable[..., Any]) -> Callable[
         sizes: dict[str, tuple[torch.UntypedStorage, int]] = {}  # key -> (storage, its bytes)
         bound.arguments["pickle_module"] = _Pickling(bound.arguments["pickle_module"], executor, sizes)
         bound.arguments["zip_file"] = _Records(bound.arguments["zip_file"], executor, sizes)
-        with executor.streaming():
-            return save(*bound.args, **bound.kwargs)
+        try:
+            with executor.streaming():
+                return save(*bound.args, **bound.kwargs)
+        finally:  # torch's pickler classes are cycles that hold it until a collection: the
+            sizes.clear()  # storages saved would live on (a save each step: 1.97x the budget)
 
     return streamed
 
