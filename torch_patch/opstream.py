@@ -709,6 +709,8 @@ class OpStream(TorchDispatchMode):
                     self._patch(owner, "to_dlpack", self._exporting)
             for name in ("tolist", "__deepcopy__", "__repr__"):  # read outside any op
                 self._patch(torch.Tensor, name, self._reading)
+            for owner in (torch, torch.random):  # so is a random state restored (a resume's)
+                self._patch(owner, "set_rng_state", self._reading)
             self._patch(torch.Tensor, "__reduce_ex__", self._pickling)
             self._patch(torch.nn.Parameter, "__reduce_ex__", self._pickling_parameter)
             self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
@@ -831,13 +833,16 @@ class OpStream(TorchDispatchMode):
     # copy (``copy=True``) hands out nothing. (``t.numpy()`` runs a ``detach`` op, which brings
     # it back, and PyTorch marks its storage not resizable.) ``t.tolist()``, ``copy.deepcopy(t)``
     # (a storage clone), pickling (``t.__reduce_ex__``, which pickles ``t``'s storage; not inside
-    # a torch.save that writes it itself: NOTE [ Streamed saves ] in runtime.saves) and printing
-    # (``repr(t)``, which indexes ``t`` with every dispatch mode turned off) read the memory with no
-    # op teraio sees: the tensor is brought back alone (a deep copy of an optimizer's state copied an
-    # empty storage, then garbage; ``print(weight)`` raised "out of bounds for storage of size
-    # 0"). On another thread each is brought back and kept in for the read (NOTE [ Reads on other
-    # threads ] in runtime.executor). Not caught: ``__cuda_array_interface__`` (CuPy, Numba),
-    # pointers (``data_ptr()``), a storage read by itself (``t.untyped_storage()``).
+    # a torch.save that writes it itself: NOTE [ Streamed saves ] in runtime.saves), printing
+    # (``repr(t)``, which indexes ``t`` with every dispatch mode turned off) and restoring a random
+    # state (``torch.set_rng_state(t)``) read the memory with no op teraio sees: the tensor is
+    # brought back alone (a deep copy of an optimizer's state copied an empty storage, then
+    # garbage; ``print(weight)`` raised "out of bounds for storage of size 0"; a resumed script's
+    # restore, "data is not allocated yet"). On another thread each is brought back and kept in
+    # for the read (NOTE [ Reads on other threads ] in runtime.executor). Not caught:
+    # ``__cuda_array_interface__`` (CuPy, Numba), pointers (``data_ptr()``: safetensors'
+    # ``save_file`` of CPU tensors), a storage read by itself (``t.untyped_storage()``),
+    # ``torch.Generator.set_state(t)`` (a C++ type, which takes no patch).
     def _exporting(self, export: Any) -> Any:
         stream = self
 

@@ -995,3 +995,20 @@ def test_storages_too_small_to_matter_are_never_sent_out_on_demand(plan: Plan, t
     with offload(held, swap_dir=tmp_path, hold_on_demand=True) as ex:
         assert same(train(4, hook=made_between_ops), expected)
     assert ex.stats.evictions > 0 and sizes == {"small": 40, "large": 0}, sizes
+
+
+def test_a_random_state_out_is_brought_back_to_be_restored(plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ DLPack exports ] in torch_patch.opstream: ``torch.set_rng_state`` reads its tensor
+    with no op (a resumed script's restore of a loaded state failed with "data is not allocated
+    yet" where the plan had that state out)."""
+    with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
+        state = torch.get_rng_state().clone()
+        expected = torch.rand(3)
+        storage = state.untyped_storage()
+        tid = ex.ids.get(storage)
+        assert tid is not None
+        ex._offload(tid, storage, "ssd", urgent=True)
+        ex._wait(ex.moved[tid])
+        assert storage.nbytes() == 0
+        torch.set_rng_state(state)
+        assert torch.equal(torch.rand(3), expected)
