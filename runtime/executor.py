@@ -408,8 +408,10 @@ class PlanExecutor(OpStream):
             entry.backend.delete(entry.key)
 
     # ---- following the plan --------------------------------------------------------
-    # NOTE [ Other sizes ]: a planned offload whose storage has another size than the plan's
-    # is of another tensor: a schedule that orders some ops differently from step to step
+    # NOTE [ Other sizes ]: a planned offload whose storage has another size than the plan's, or
+    # another name (a parameter or optimizer state named otherwise in the run than in the profile:
+    # a script profiled with other arguments, which ran 1.85x over its budget as followed), is of
+    # another tensor: a schedule that orders some ops differently from step to step
     # (PyTorch's ZB-V accumulates weight gradients in a set's order) gives an op's output
     # another role. That move is left out and the iteration goes on following the plan. An
     # iteration where more planned offloads find another size than the plan's size counts
@@ -440,12 +442,14 @@ class PlanExecutor(OpStream):
             self._settle_kept(tid)
             if storage is None or tid in self.moved:
                 return
-            if storage.nbytes() != m.size_bytes:
+            name = self.persistent.get(tid, (m.name, ""))[0] if m.name is not None else None
+            if storage.nbytes() != m.size_bytes or name != m.name:
                 # Another storage than the plan's (NOTE [ Other sizes ]): left alone.
                 self._other_sizes += 1
                 if self._first_other_size is None:
-                    self._first_other_size = (f"op {m.trigger_op}: tensor {tid} has {storage.nbytes()} "
-                                              f"bytes, the plan expects {m.size_bytes}")
+                    self._first_other_size = f"op {m.trigger_op}: tensor {tid} " + (
+                        f"is {name}, the plan's {m.name}" if name != m.name else
+                        f"has {storage.nbytes()} bytes, the plan expects {m.size_bytes}")
                 return
             self._offloads_started += 1
             if not (m.reuse_copy and self.reuse_copies and self._reuse_copy(tid, storage, m.place)):
@@ -1204,7 +1208,8 @@ class PlanExecutor(OpStream):
             self._leave(f"{self.op_index} ops, the plan expects {schedule.num_ops}")
             schedule = None
         elif schedule is not None and self._other_sizes > self._offloads_started:
-            self._leave(f"{self._first_other_size} (and {self._other_sizes - 1} more tensors of other sizes)")
+            self._leave(f"{self._first_other_size} (and {self._other_sizes - 1} more tensors not the "
+                        "plan's: other sizes or names)")
             schedule = None
         if self._again:  # the last op used them: no later op sends them (NOTE [ Ops on a tensor going out ])
             self._send_again("the boundary", [])
