@@ -188,6 +188,8 @@ def _memory_of(storage: torch.UntypedStorage) -> int:
 class PlanExecutor(OpStream):
     """Carries out ``plan``'s migrations of ``rank``; see the module docstring."""
 
+    guards_threads = True  # NOTE [ Ops on other threads ] in torch_patch.opstream
+
     def __init__(self, plan: Plan, backends: dict[str, Backend], engine: MigrationEngine,
                  rank: int = 0, reuse_copies: bool = True, hold_on_demand: bool = False) -> None:
         super().__init__()
@@ -1110,6 +1112,19 @@ class PlanExecutor(OpStream):
         finally:
             with self._lock:
                 self._release(held)
+
+    @_locked
+    def written_elsewhere(self, storages: list[torch.UntypedStorage]) -> None:
+        """NOTE [ Ops on other threads ] in torch_patch.opstream: a kept copy is stale once written."""
+        for storage in storages:
+            tid = self.ids.get(storage)
+            if tid is None:
+                continue
+            if tid in self.copies:
+                self._drop_copy(tid, written_over=True)
+            entry = self.moved.get(tid)
+            if entry is not None:
+                entry.keep_for_reuse = False
 
     @contextmanager
     def visited(self, storages: Sequence[torch.UntypedStorage]) -> Iterator[None]:

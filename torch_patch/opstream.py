@@ -290,6 +290,8 @@ def _owned(storage: torch.UntypedStorage) -> torch.UntypedStorage:
 class OpStream(TorchDispatchMode):
     """Base dispatch mode; see the module docstring. Subclasses override the hooks."""
 
+    guards_threads = False  # NOTE [ Ops on other threads ]: see the ops of threads started later
+
     def __init__(self) -> None:
         super().__init__()
         self.ids = StorageIds(on_free=self.on_free)
@@ -367,6 +369,10 @@ class OpStream(TorchDispatchMode):
         """The same, for a thread other than the training thread: ``storages`` back in memory,
         and kept there for the body (NOTE [ Reads on other threads ] in runtime.executor)."""
         return contextlib.nullcontext()
+
+    def written_elsewhere(self, storages: list[torch.UntypedStorage]) -> None:
+        """An op on a thread of the script's own is about to write ``storages`` (NOTE [ Ops on
+        other threads ])."""
 
     def visited(self, storages: Sequence[torch.UntypedStorage]) -> AbstractContextManager[None]:
         """``storages`` in memory for a read outside any op that changes nothing, and where they
@@ -731,6 +737,8 @@ class OpStream(TorchDispatchMode):
             self._patch(torch.amp.GradScaler, "step", self._scaling)  # NOTE [ Skipped steps ]
             if _FSDP_PARAM in sys.modules:  # else at the first forward, once imported (0.8 s here)
                 self._patch_fsdp()
+            if self.guards_threads:  # NOTE [ Ops on other threads ]
+                self._patch(threading.Thread, "_bootstrap_inner", self._guarding)
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
             self._warning_filters = warnings.catch_warnings()
@@ -929,6 +937,27 @@ class OpStream(TorchDispatchMode):
             return lambda storage, location: _owned(restore(storage, location))
 
         return restore_location_of
+
+    # NOTE [ Ops on other threads ]: a dispatch mode sees the ops of its own thread only. Ops on a
+    # thread of the script's own (a metrics thread reading the weights, an average updated by a
+    # worker) read or wrote a tensor the plan had out: freed memory (a segfault, or a write lost).
+    # So every Python thread started while teraio runs (but its own, named ``teraio-*``) runs
+    # under a mode of its own (``_Elsewhere``) that, before each op, brings back and holds in
+    # memory what the op uses until it ends, as for a torch.save there (NOTE [ Reads on other
+    # threads ] in runtime.executor), and drops the kept copy of what it writes (NOTE [ Copies
+    # kept ] in planner.clean). Such ops are not counted: no plan knows them, and what they
+    # bring back stays in until the plan next sends it out. Threads started before teraio (a
+    # pool made at import) and threads of C++ code are not seen.
+    def _guarding(self, boot: Any) -> Any:
+        stream = self
+
+        def bootstrap_inner(thread: threading.Thread) -> Any:
+            if thread.name.startswith("teraio-") or os.getpid() != stream._pid:
+                return boot(thread)
+            with _Elsewhere(stream):
+                return boot(thread)
+
+        return bootstrap_inner
 
     # NOTE [ Pointer checks ]: code that compares storages' pointers (``data_ptr()``) outside any
     # op reads 0 for one teraio has out. FSDP2's lazy initialisation (``FSDPParam.
@@ -1156,3 +1185,38 @@ class OpStream(TorchDispatchMode):
         if self._signals is not None:
             self._signals.__exit__(None, None, None)
             self._signals = None
+
+
+class _Elsewhere(TorchDispatchMode):
+    """The mode of a thread of the script's own (NOTE [ Ops on other threads ])."""
+
+    def __init__(self, stream: OpStream) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        stream = self.stream
+        info = stream._infos.get(func) or _op_info(func)
+        if info.skip or stream not in _ACTIVE:
+            return func(*args, **kwargs)
+        storages = [s for t in tensor_args(args, kwargs) if (s := _storage_or_none(t)) is not None]
+        with stream.kept_in(list(storages)):
+            written = [s for t in _written(info, args, kwargs) if (s := _storage_or_none(t)) is not None]
+            if written:
+                stream.written_elsewhere(written)
+            return func(*args, **kwargs)
+
+
+def _storage_or_none(t: _Tensor) -> torch.UntypedStorage | None:
+    try:
+        return _local(t).untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse, or a subclass with none of its own
+        return None
+
+
+def _written(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[_Tensor]:
+    """The tensors an op writes, by its schema (``OpInfo``)."""
+    chosen = [a for i, a in enumerate(args) if i in info.mutable_args]
+    chosen += [a for k, a in kwargs.items() if k in info.mutable_kwargs]
+    yield from tensor_args(tuple(chosen), {})

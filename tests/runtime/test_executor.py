@@ -551,23 +551,30 @@ def test_a_model_the_script_drops_is_freed(plan: Plan) -> None:
         assert dropped() is None and ex.roots() == []
 
 
+def moments_out(profiled: Profile, keep_copy: bool = False) -> Plan:
+    """A plan that has Adam's first moments of 4 KiB or more out from their last use in a step to
+    their first in the next (with ``keep_copy``, each freed against the copy its prefetch kept)."""
+    names, acc = op_names(profiled), profiled.accesses_of()
+    size = profiled.tensors.set_index("tensor_id")["size_bytes"]
+    lerped = acc[acc.op_index.isin([k for k, name in enumerate(names) if name == "aten.lerp_.Scalar"])
+                 & (acc.access == "write")]
+    n, moves = len(names), []
+    for tid in {int(t) for t in lerped.tensor_id if size[t] >= 4096}:
+        uses = sorted(set(acc[acc.tensor_id == tid].op_index))
+        out = move(tid, "offload", uses[-1] + 1, uses[-1] + 2, int(size[tid]), uses[-1], n + uses[0], wraps=True)
+        back = move(tid, "prefetch", uses[0] - 1, uses[0], int(size[tid]), uses[-1], n + uses[0], wraps=True)
+        moves += [dataclasses.replace(out, reuse_copy=keep_copy), dataclasses.replace(back, keep_copy=keep_copy)]
+    assert len(moves) == 6
+    return dataclasses.replace(hand_plan(profiled), migrations={0: moves})
+
+
 def test_what_dies_on_another_thread_at_the_end_is_not_kept(profiled: Profile, tmp_path: Path) -> None:
     """A model and optimizer the script ends with as cyclic garbage (DDP's are), collected on
     another thread (the collector runs on whichever thread allocates, teraio's workers
     included), while the plan has Adam's moments out: their frees are applied at exit. A
     finished run failed there with "18 offloaded tensors could not be restored at exit" and
     left a teraio-kept-* directory for tensors nobody held."""
-    names, acc = op_names(profiled), profiled.accesses_of()
-    size = profiled.tensors.set_index("tensor_id")["size_bytes"]
-    lerped = acc[acc.op_index.isin([k for k, name in enumerate(names) if name == "aten.lerp_.Scalar"])
-                 & (acc.access == "write")]
-    n, moves = len(names), []
-    for tid in {int(t) for t in lerped.tensor_id if size[t] >= 4096}:  # the first moments
-        uses = sorted(set(acc[acc.tensor_id == tid].op_index))
-        moves += [move(tid, "offload", uses[-1] + 1, uses[-1] + 2, int(size[tid]), uses[-1], n + uses[0], wraps=True),
-                  move(tid, "prefetch", uses[0] - 1, uses[0], int(size[tid]), uses[-1], n + uses[0], wraps=True)]
-    assert len(moves) == 6
-    plan = dataclasses.replace(hand_plan(profiled), migrations={0: moves})
+    plan = moments_out(profiled)
 
     def cycle(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
         model.cycle = [model, opt]  # type: ignore[assignment]
@@ -1033,3 +1040,50 @@ def test_a_random_state_out_is_brought_back_to_be_restored(plan: Plan, tmp_path:
         assert storage.nbytes() == 0
         torch.set_rng_state(state)
         assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("op", ["reads", "writes"])
+def test_ops_on_a_thread_of_the_scripts_own_find_what_the_plan_has_out(profiled: Profile, plan: Plan, op: str,
+                                                                        tmp_path: Path) -> None:
+    """NOTE [ Ops on other threads ] in torch_patch.opstream: a thread of the script's own reads the
+    weights (norms for a log) or writes the optimizer's state while the plan has them out: each
+    op brings back what it uses, and a write drops the kept copy. Unseen, the reads read freed
+    memory (a segfault) and a write would be lost to a stale copy."""
+    norms: list[float] = []
+
+    def on_a_thread(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        def work() -> None:
+            with torch.no_grad():
+                for p in model.parameters():
+                    if op == "reads":
+                        norms.append(p.norm().item())
+                    elif step > 0:
+                        opt.state[p]["exp_avg"].mul_(0.5)
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+
+    expected = train(5, save_at=on_a_thread)
+    plain, norms[:] = norms[:], []
+    with offload(plan if op == "reads" else moments_out(profiled, keep_copy=True), swap_dir=tmp_path) as ex:
+        assert same(train(5, save_at=on_a_thread), expected)
+    assert norms == plain and ex.stats.save_fetches > 0
+
+
+def test_a_write_on_a_thread_of_the_scripts_own_drops_the_kept_copy(plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ Ops on other threads ]: a tensor back in memory with its copy kept (NOTE [ Copies
+    kept ]) and written on another thread is freed against no stale copy: the copy goes."""
+    with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
+        t = torch.ones(1024)
+        storage = t.untyped_storage()
+        tid = ex.ids.get(storage)
+        assert tid is not None
+        ex._offload(tid, storage, "ssd", urgent=True)
+        ex._wait(ex.moved[tid])
+        ex.moved[tid].keep_for_reuse = True
+        assert t.sum().item() == 1024 and tid in ex.copies  # read back, its copy kept
+        thread = threading.Thread(target=t.add_, args=(1,))
+        thread.start()
+        thread.join()
+        assert tid not in ex.copies and t.sum().item() == 2048
