@@ -112,7 +112,8 @@ def run(
     ] = None,
     report: Annotated[
         Path | None, typer.Option(help="Write the run report (JSON) here; for a job, one report "
-                                       "with every rank's figures.")
+                                       "with every rank's figures. A single process writes it also "
+                                       "when the script fails or is stopped, for the steps it ran.")
     ] = None,
     nproc: Annotated[int | None, typer.Option(
         min=1, help="Run a job of this many processes on this node, started by PyTorch's launcher "
@@ -187,8 +188,11 @@ def run(
     except (StorageIOError, SwapKeptError) as exc:
         fail(str(exc), EXIT_FAILED)
     except ScriptFailed as exc:
-        fail(f"{script} failed (exit status {exc.exit_code})", exc.exit_code)
+        _report_so_far(report, world_size, out, run_plan, t0)
+        what = "was stopped by SIGTERM" if exc.exit_code == 143 else "failed"
+        fail(f"{script} {what} (exit status {exc.exit_code})", exc.exit_code)
     except KeyboardInterrupt:
+        _report_so_far(report, world_size, out, run_plan, t0)
         fail("interrupted; swap files removed", 130)
     except (RuntimeError, OSError) as exc:
         fail(str(exc), EXIT_FAILED)
@@ -203,6 +207,16 @@ def run(
     if rank == 0:
         ranks = gather(report, world_size, lambda p: json.loads(p.read_text()))
         report.write_text(json.dumps(job_report(ranks), indent=2) + "\n")
+
+
+def _report_so_far(report: Path | None, world_size: int, out: dict[str, Any], run_plan: Any, t0: float) -> None:
+    """The run report of a script that stopped, for what it ran (one process: a job's ranks would
+    wait for the one that stopped)."""
+    from runtime.api import run_report
+
+    if report is not None and world_size == 1 and "executor" in out:
+        r = run_report(out["executor"], run_plan, time.perf_counter() - t0)
+        report.write_text(json.dumps(r, indent=2) + "\n")
 
 
 def job_report(ranks: list[dict[str, Any]]) -> dict[str, Any]:

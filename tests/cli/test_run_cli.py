@@ -270,3 +270,43 @@ def test_memory_the_profile_did_not_see_is_said(tmp_path: Path) -> None:
     assert report["iteration_followed"][5:] == [True, True], report["iteration_followed"]
     said = re.search(r"iterations? ([\d, ]+) followed the plan but went over its budget", r.stderr)
     assert said and said.group(1).split(", ")[-2:] == ["5", "6"], r.stderr
+
+
+STOPS_AT = '''
+import os, signal, sys
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 8))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for step in range(6):
+    if step == int(sys.argv[1]):
+        if sys.argv[2] == "raises":
+            raise RuntimeError("the script's own error")
+        os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler stops a job
+    loss = model(torch.randn(64, 256)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"step {step} loss {loss.item()!r}", flush=True)
+'''
+
+
+@pytest.mark.parametrize(("how", "code", "said"), [("raises", 1, "failed"), ("SIGTERM", 143, "was stopped by SIGTERM")])
+def test_a_script_that_stops_is_said_and_its_report_written(tmp_path: Path, how: str, code: int, said: str) -> None:
+    """A script that fails or is stopped at step 3: its exit status, a line that says which, the
+    run report of the steps it ran, and no swap files left."""
+    script = tmp_path / "stops_at.py"
+    script.write_text(STOPS_AT)
+    r = run_teraio("profile", script, "--out", tmp_path / "profile", "--", "9", "-")
+    assert r.returncode == 0, r.stderr
+    r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", "min", "--ssd-bw", "2", "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    swap = tmp_path / "swap"
+    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--swap-dir", swap, "--backend", "posix",
+                   "--report", tmp_path / "run.json", script, "--", "3", how)
+    assert r.returncode == code, r.stderr
+    assert f"stops_at.py {said} (exit status {code})" in r.stderr.strip().splitlines()[-1], r.stderr
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert len(report["iteration_peak_bytes"]) >= 3 and sum(report["bytes_written"].values()) > 0
+    assert not list(swap.glob("teraio-swap-*"))
