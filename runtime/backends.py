@@ -418,7 +418,9 @@ class HostBackend:
                     self._free[i:i + 1] = [(off + size, n - size)] if n > size else []
                     self.used_bytes += size
                     return off
-        raise BackendFull(12, f"host pool full ({self.used_bytes} of {self.limit_bytes} bytes used)")
+        raise BackendFull(12, f"host pool full ({self.used_bytes} of {self.limit_bytes} bytes used)"
+                          if self.limit_bytes else "no host memory pool to fall back on (teraio run "
+                          "--host-mem gives one)")
 
     def _release(self, off: int, size: int) -> None:
         size = _round_up(max(size, 1))

@@ -59,7 +59,10 @@ def _summary(r: dict[str, Any]) -> str:
         its = ", ".join(str(i) for i, _ in above[:8]) + (f" and {len(above) - 8} more" if len(above) > 8 else "")
         which = f"iteration{'s' if len(above) > 1 else ''} {its}"
         lines.append(f"{which} followed the plan but went over its budget of {_mib(budget)} (up to "
-                     f"{max(p for _, p in above) / budget:.2f}x). Possible causes: memory the script came to "
+                     f"{max(p for _, p in above) / budget:.2f}x). Possible causes: " + (
+                         f"{r['failed_writes']} writes that failed (no room left where they went: the "
+                         "warning above), whose tensors stayed in memory; " if r.get("failed_writes") else "")
+                     + "memory the script came to "
                      "hold after the profiled iterations (a checkpoint loaded and kept, an evaluation's "
                      "results, a history that grows: profile a stretch of steps that holds it, --warmup, or "
                      "plan with that much less --gpu-mem); a torch.save of tensors teraio had moved "
