@@ -53,6 +53,13 @@ def _summary(r: dict[str, Any]) -> str:
             if budget and worst > _OVER * budget else "")
         lines.append(f"iterations that ran on demand (their ops left the plan): {its}; the peak above "
                      f"is that of the iterations that followed it{above_budget}")
+        unfollowed = {u["iteration"] for u in r["unfollowed_iterations"]}
+        n = len(r["iteration_followed"])
+        since = min((k for k in range(1, n - 1) if set(range(k, n)) <= unfollowed), default=None)
+        if since is not None:
+            lines.append(f"every iteration from {since} on ran on demand: the steps changed after the profiled "
+                         f"ones (a layer unfrozen, a head added?); profile past the change (teraio profile "
+                         f"--warmup {since + 1}) and plan again")
     above = [(i, p) for i, (p, f) in enumerate(zip(r["iteration_peak_bytes"], r["iteration_followed"], strict=False))
              if i and f and budget and p > _OVER * budget]
     if above:

@@ -310,3 +310,23 @@ def test_a_script_that_stops_is_said_and_its_report_written(tmp_path: Path, how:
     report = json.loads((tmp_path / "run.json").read_text())
     assert len(report["iteration_peak_bytes"]) >= 3 and sum(report["bytes_written"].values()) > 0
     assert not list(swap.glob("teraio-swap-*"))
+
+
+def test_a_run_whose_steps_changed_after_the_profiled_ones_says_to_profile_past_the_change() -> None:
+    """Every iteration from 3 on ran on demand (a head added at step 3): `teraio run` says to
+    profile past the change, which --hold-on-demand does not fix (1.44x against 1.0x so)."""
+    from teraio.cmd_run import _summary
+
+    def report(unfollowed: list[int]) -> dict[str, object]:
+        return {"predicted": {"gpu_mem_bytes": 100}, "peak_tracked_bytes": 90, "peak_rss_bytes": 1000,
+                "measured_iteration_s": 0.1, "stalls": 0, "stall_s": 0.0, "on_demand_fetches": 0,
+                "bytes_written": {}, "bytes_read": {}, "iteration_peak_bytes": [90] * 6,
+                "unfollowed_iterations": [{"iteration": k} for k in unfollowed],
+                "iteration_followed": [k not in unfollowed for k in range(6)], "compiled": [],
+                "first_iteration_peak_bytes": 90, "first_iteration_budget_bytes": 100,
+                "first_iteration_left_plan_at": None}
+
+    assert "every iteration from 3 on ran on demand" in _summary(report([3, 4, 5]))
+    assert "teraio profile --warmup 4" in _summary(report([3, 4, 5]))
+    assert "every iteration" not in _summary(report([3, 5]))  # an evaluation every other step
+    assert "every iteration" not in _summary(report([5]))  # the last alone
