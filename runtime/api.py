@@ -104,7 +104,7 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     writes tensors where teraio's dispatch mode cannot see it. ``hold_on_demand``: iterations
     that leave the plan send the least recently used tensors out to keep to its budget (NOTE [ On
     demand within the budget ] in ``runtime.executor``; not for a script that uses its tensors
-    where teraio cannot see: ops on threads of its own, pointers).
+    where teraio cannot see: ops on threads started before it, pointers).
     """
     if rank is None:
         rank = int(os.environ.get("RANK", 0))

@@ -419,8 +419,7 @@ class HostBackend:
                     self.used_bytes += size
                     return off
         raise BackendFull(12, f"host pool full ({self.used_bytes} of {self.limit_bytes} bytes used)"
-                          if self.limit_bytes else "no host memory pool to fall back on (teraio run "
-                          "--host-mem gives one)")
+                          if self.limit_bytes else "no host memory pool (teraio run --host-mem gives one)")
 
     def _release(self, off: int, size: int) -> None:
         size = _round_up(max(size, 1))

@@ -128,7 +128,10 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
     stays_out: set[int] = set()
     for m in plan.out_at_boundary(rank):
         tid = m.tensor_id
-        now = tid if tid < PRODUCED_BASE else plan_ids.get(tid, tid if LONG_BASE <= tid < CARRIED_FLAG else None)
+        if tid < PRODUCED_BASE:  # named otherwise, another tensor (NOTE [ Other sizes ] in runtime.executor)
+            now = tid if m.name is None or names.get(m.name) == tid else None
+        else:
+            now = plan_ids.get(tid, tid if LONG_BASE <= tid < CARRIED_FLAG else None)
         if now is not None and now in out:
             stays_out.add(now)
         elif now is not None and live_bytes(now) == m.size_bytes:

@@ -44,7 +44,7 @@ from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.saves import streamed_save
 from runtime.storage import byte_view, free_storage, realloc_storage
-from torch_patch.opstream import OpInfo, OpStream, parts, tensor_args
+from torch_patch.opstream import OpInfo, OpStream, parts, tensor_args, used_storages, written_storages
 
 __all__ = ["PlanExecutor", "Residency", "RunStats", "signals_held"]
 
@@ -104,7 +104,7 @@ class RunStats:
     not_resizable: list[str] = field(default_factory=list)  # planned tensors kept: not freeable
     save_fetches: int = 0  # copies read for a torch.save (NOTE [ Streamed saves ]), or tensors brought back for a
     # legacy one (then freed again) or a read on another thread
-    other_sizes: int = 0  # planned offloads left out: their storage had another size
+    other_sizes: int = 0  # planned offloads left out: their storage had another size or name
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
     dropped_copies: int = 0  # kept copies an op wrote over before their offload came
     evictions: int = 0  # tensors sent out in iterations run on demand, to stay within the budget
@@ -546,9 +546,9 @@ class PlanExecutor(OpStream):
     # schema marks as written, or any argument of an uncounted op), the storage dies, it goes
     # out again or the iteration leaves its plan. The storage's next planned offload with
     # ``reuse_copy`` then frees it without writing; without a good copy it writes as any other.
-    # A write this dispatch mode does not see (an op on another Python thread, an extension's
-    # kernel called directly, a CUDA graph replayed) would be lost: ``reuse_copies`` false
-    # (`teraio run --no-reuse-copies`) writes every offload.
+    # A write this dispatch mode does not see (an op on a thread started before teraio, an
+    # extension's kernel called directly, a CUDA graph replayed) would be lost: ``reuse_copies``
+    # false (`teraio run --no-reuse-copies`) writes every offload.
     def _reuse_copy(self, tid: int, storage: torch.UntypedStorage, target: str) -> bool:
         """Free ``storage`` against its kept copy on ``target``, writing nothing; False (the copy,
         if any, dropped) where there is none that still holds its bytes there."""
@@ -670,9 +670,9 @@ class PlanExecutor(OpStream):
     # invalid bucket_size"). Every such offload writes (no copy is kept or reused: a write on
     # another thread after an evaluation was lost so). Opt-in, because a storage may then go out
     # where no plan has it out, and whatever reads it without an op teraio sees finds it freed:
-    # ops on a thread of the script's own (metrics in a thread pool, an EMA updated by a worker:
-    # a crash, or a write lost), a pointer read on this thread (safetensors' ``save_file`` of CPU
-    # tensors: an error; C++ code's, of a larger storage). What cannot go out (what is carried,
+    # ops on a thread started before teraio (NOTE [ Ops on other threads ] in torch_patch.opstream;
+    # a crash, or a write lost), a pointer read (safetensors' ``save_file`` of CPU tensors: an
+    # error; C++ code's, of a larger storage). What cannot go out (what is carried,
     # what the plan keeps in, another device's) may still take such an iteration over the
     # budget, and so may an op that allocates more than any op of the plan.
     def _evict_for(self, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
@@ -1113,18 +1113,22 @@ class PlanExecutor(OpStream):
             with self._lock:
                 self._release(held)
 
-    @_locked
-    def written_elsewhere(self, storages: list[torch.UntypedStorage]) -> None:
-        """NOTE [ Ops on other threads ] in torch_patch.opstream: a kept copy is stale once written."""
-        for storage in storages:
-            tid = self.ids.get(storage)
-            if tid is None:
-                continue
-            if tid in self.copies:
-                self._drop_copy(tid, written_over=True)
-            entry = self.moved.get(tid)
-            if entry is not None:
-                entry.keep_for_reuse = False
+    def run_elsewhere(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], info: OpInfo) -> Any:
+        """NOTE [ Ops on other threads ] in torch_patch.opstream: what the op uses held in memory
+        while it runs, and a kept copy of what it writes dropped (stale once written)."""
+        ours = [s for s in used_storages(args, kwargs) if self.ids.get(s) is not None]
+        if not ours:  # a batch, or what the thread made: nothing to hold, no lock taken
+            return func(*args, **kwargs)
+        with self.kept_in(list(ours)):
+            written = [(s, tid) for s in written_storages(info, args, kwargs) if (tid := self.ids.get(s)) is not None]
+            if written:
+                with self._lock:
+                    for _, tid in written:
+                        if tid in self.copies:
+                            self._drop_copy(tid, written_over=True)
+                        if (entry := self.moved.get(tid)) is not None:
+                            entry.keep_for_reuse = False
+            return func(*args, **kwargs)
 
     @contextmanager
     def visited(self, storages: Sequence[torch.UntypedStorage]) -> Iterator[None]:
@@ -1141,6 +1145,11 @@ class PlanExecutor(OpStream):
                 entry = self.moved.get(tid) if tid is not None else None
                 if tid is None or entry is None:
                     continue
+                if entry.state is Residency.OFFLOADING and not entry.touched:
+                    self._wait(entry)  # out once written: back for the check, and out again
+                    entry = self.moved.get(tid)
+                    if entry is None:
+                        continue
                 if entry.state in (Residency.SSD, Residency.HOST):
                     entry.keep_for_reuse = self.reuse_copies
                     out.append((tid, storage, entry.target))

@@ -54,9 +54,10 @@ def _summary(r: dict[str, Any]) -> str:
         lines.append(f"iterations that ran on demand (their ops left the plan): {its}; the peak above "
                      f"is that of the iterations that followed it{above_budget}")
         unfollowed = {u["iteration"] for u in r["unfollowed_iterations"]}
-        n = len(r["iteration_followed"])
-        since = min((k for k in range(1, n - 1) if set(range(k, n)) <= unfollowed), default=None)
-        if since is not None:
+        n = since = len(r["iteration_followed"])
+        while since > 1 and since - 1 in unfollowed:
+            since -= 1
+        if n - since >= 3:
             lines.append(f"every iteration from {since} on ran on demand: the steps changed after the profiled "
                          f"ones (a layer unfrozen, a head added?); profile past the change (teraio profile "
                          f"--warmup {since + 1}) and plan again")
@@ -135,17 +136,17 @@ def run(
         help="Free a tensor that goes out again unchanged against the copy its prefetch kept, "
              "writing nothing (the plan's reuse_copy; teraio drops a copy when an op writes the "
              "tensor). --no-reuse-copies writes every offload: for a script that writes tensors "
-             "where teraio cannot see it (from another thread, an extension's kernel called "
-             "directly, a CUDA graph replayed).")] = True,
+             "where teraio cannot see it (from a thread started before teraio, an extension's "
+             "kernel called directly, a CUDA graph replayed).")] = True,
     hold_on_demand: Annotated[bool, typer.Option(
         help="In an iteration whose ops leave the plan (an evaluation or a checkpoint between "
              "steps), send the least recently used tensors out before each op so that what it "
              "brings back fits the plan's budget; each op waits for those writes. Without it such "
              "an iteration sends nothing out and may reach the plain run's peak. Not for a script "
-             "that uses its tensors where teraio cannot see: ops on threads of its own (a thread "
-             "pool computing metrics, an EMA updated by a worker), pointers (safetensors' "
-             "save_file of CPU tensors, C++ code that keeps one across ops); those would find a "
-             "tensor sent out. Tensors under a thousandth of the budget (at most 1 MiB) stay.")] = False,
+             "that uses its tensors where teraio cannot see: ops on threads started before teraio, "
+             "pointers (safetensors' save_file of CPU tensors, C++ code that keeps one across "
+             "ops); those would find a tensor sent out. Tensors under a thousandth of the budget "
+             "(at most 1 MiB) stay.")] = False,
 ) -> None:
     """Run SCRIPT with the plan carried out: same results, less memory.
 

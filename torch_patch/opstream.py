@@ -237,6 +237,7 @@ class OpInfo:
     mutable_args: frozenset[int]  # positions of arguments the op writes
     mutable_kwargs: frozenset[str]
     peer_arg: int | None = None  # a point-to-point op's argument holding the other rank
+    view: bool = False  # returns an alias of an argument and writes none: reads no data
 
 
 # NOTE [ Collectives ]: no c10d schema marks what it writes (docs/distributed-notes.md):
@@ -270,7 +271,8 @@ def _op_info(func: Any) -> OpInfo:
     point_to_point = func._schema.name in ("c10d::send", "c10d::recv_")
     peer = next((i for i, a in enumerate(args) if a.name in ("dst", "src", "dstRank", "srcRank")),
                 None) if point_to_point else None
-    return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer)
+    view = not writes and any(r.alias_info is not None for r in func._schema.returns)
+    return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer, view)
 
 
 _loads = threading.local()  # ``owning``: inside a torch.load whose storages teraio owns
@@ -370,9 +372,9 @@ class OpStream(TorchDispatchMode):
         and kept there for the body (NOTE [ Reads on other threads ] in runtime.executor)."""
         return contextlib.nullcontext()
 
-    def written_elsewhere(self, storages: list[torch.UntypedStorage]) -> None:
-        """An op on a thread of the script's own is about to write ``storages`` (NOTE [ Ops on
-        other threads ])."""
+    def run_elsewhere(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], info: OpInfo) -> Any:
+        """Run an op of a thread of the script's own (NOTE [ Ops on other threads ])."""
+        return func(*args, **kwargs)
 
     def visited(self, storages: Sequence[torch.UntypedStorage]) -> AbstractContextManager[None]:
         """``storages`` in memory for a read outside any op that changes nothing, and where they
@@ -716,7 +718,7 @@ class OpStream(TorchDispatchMode):
             for name in ("tolist", "__deepcopy__", "__repr__"):  # read outside any op
                 self._patch(torch.Tensor, name, self._reading)
             for owner in (torch, torch.random):  # so is a random state restored (a resume's)
-                self._patch(owner, "set_rng_state", self._reading)
+                self._patch(owner, "set_rng_state", self._restoring)
             self._patch(torch.Tensor, "__reduce_ex__", self._pickling)
             self._patch(torch.nn.Parameter, "__reduce_ex__", self._pickling_parameter)
             self._patch(torch.UntypedStorage, "resize_", self._watching_resizes)
@@ -1074,6 +1076,16 @@ class OpStream(TorchDispatchMode):
 
         return reading
 
+    def _restoring(self, set_rng_state: Any) -> Any:
+        stream = self
+
+        def restoring(*args: Any, **kwargs: Any) -> Any:
+            state = args[0] if args else kwargs.get("new_state")
+            with stream._resident(state) if isinstance(state, torch.Tensor) else contextlib.nullcontext():
+                return set_rng_state(*args, **kwargs)
+
+        return restoring
+
     def _pickling(self, reduce: Any) -> Any:
         """``Tensor.__reduce_ex__``, a read outside any op, but inside a save that writes the
         bytes of storages that are out itself (NOTE [ Streamed saves ] in runtime.saves)."""
@@ -1192,31 +1204,39 @@ class _Elsewhere(TorchDispatchMode):
 
     def __init__(self, stream: OpStream) -> None:
         super().__init__()
-        self.stream = stream
+        self.stream = weakref.ref(stream)  # a thread may outlive it
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        stream = self.stream
-        info = stream._infos.get(func) or _op_info(func)
-        if info.skip or stream not in _ACTIVE:
+        stream = self.stream()
+        if stream is None or stream not in _ACTIVE:
             return func(*args, **kwargs)
-        storages = [s for t in tensor_args(args, kwargs) if (s := _storage_or_none(t)) is not None]
-        with stream.kept_in(list(storages)):
-            written = [s for t in _written(info, args, kwargs) if (s := _storage_or_none(t)) is not None]
-            if written:
-                stream.written_elsewhere(written)
-            return func(*args, **kwargs)
+        info = stream._infos.get(func)
+        if info is None:
+            info = stream._infos[func] = _op_info(func)
+        if info.skip or info.view:  # an alias reads nothing (a background save's detach: NOTE [
+            return func(*args, **kwargs)  # Streamed saves ] in runtime.saves writes it from its copy)
+        return stream.run_elsewhere(func, args, kwargs, info)
 
 
-def _storage_or_none(t: _Tensor) -> torch.UntypedStorage | None:
-    try:
-        return _local(t).untyped_storage()
-    except (RuntimeError, NotImplementedError):  # sparse, or a subclass with none of its own
-        return None
+def _storages(tensors: Iterable[_Tensor]) -> list[torch.UntypedStorage]:
+    """The storages of ``tensors`` (a sparse tensor's parts' too)."""
+    out = []
+    for t in tensors:
+        try:
+            out.append(_local(t).untyped_storage())
+        except (RuntimeError, NotImplementedError):  # sparse: NOTE [ Sparse tensors ]
+            out += _storages(parts(t))
+    return out
 
 
-def _written(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[_Tensor]:
-    """The tensors an op writes, by its schema (``OpInfo``)."""
+def written_storages(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.UntypedStorage]:
+    """The storages an op writes, by its schema (``OpInfo``)."""
     chosen = [a for i, a in enumerate(args) if i in info.mutable_args]
     chosen += [a for k, a in kwargs.items() if k in info.mutable_kwargs]
-    yield from tensor_args(tuple(chosen), {})
+    return _storages(tensor_args(tuple(chosen), {}))
+
+
+def used_storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.UntypedStorage]:
+    """The storages of an op's tensor arguments."""
+    return _storages(tensor_args(args, kwargs))

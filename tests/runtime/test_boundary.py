@@ -3,6 +3,7 @@ tested here without torch (NOTE [ Boundaries ] in runtime.boundary)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -168,3 +169,19 @@ def test_the_boundary_logic_needs_no_torch() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+def test_a_persistent_tensor_named_otherwise_than_the_plans_is_not_sent_out() -> None:
+    """NOTE [ Other sizes ] in runtime.executor: the plan's optimizer state 5 is named ``s``; in a
+    run where 5 is named otherwise (a script profiled with other arguments), 5 is another tensor
+    of that size, and stays where it is after an iteration run on demand."""
+    def named(name: str | None) -> Plan:
+        p = plan()
+        return Plan(signature=p.signature, parameters=p.parameters, summary={}, op_names=p.op_names,
+                    made_bytes=p.made_bytes, migrations={0: [dataclasses.replace(m, name=name) if m.tensor_id == STATE
+                                                             else m for m in p.migrations[0]]})
+
+    for name, names, sent in [(None, {}, True), ("s", {"s": STATE}, True), ("s", {"t": STATE}, False)]:
+        b = at_boundary(named(name), 0, Ending.ON_DEMAND, renamed={}, names=names,
+                        live_bytes=sizes({STATE: 100}), out=set())
+        assert (STATE in [t for t, _ in b.send_out]) == sent, (name, names)

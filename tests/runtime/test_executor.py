@@ -1038,7 +1038,7 @@ def test_a_random_state_out_is_brought_back_to_be_restored(plan: Plan, tmp_path:
         ex._offload(tid, storage, "ssd", urgent=True)
         ex._wait(ex.moved[tid])
         assert storage.nbytes() == 0
-        torch.set_rng_state(state)
+        torch.set_rng_state(new_state=state)  # by keyword too
         assert torch.equal(torch.rand(3), expected)
 
 
@@ -1087,3 +1087,28 @@ def test_a_write_on_a_thread_of_the_scripts_own_drops_the_kept_copy(plan: Plan, 
         thread.start()
         thread.join()
         assert tid not in ex.copies and t.sum().item() == 2048
+
+
+@pytest.mark.parametrize("what", ["model.state_dict()", "the model"])
+def test_a_save_on_a_thread_of_the_scripts_own_brings_nothing_back(plan: Plan, what: str, tmp_path: Path) -> None:
+    """NOTE [ Ops on other threads ] and NOTE [ Streamed saves ]: a checkpoint written on a thread
+    started during the run (state_dict's detach and the pickling's are aliases, which read
+    nothing) leaves the weight the plan has out where it is, its record written from its copy (the
+    thread's mode brought every parameter back, 1 MiB here)."""
+    model = torch.nn.Linear(256, 1024)
+    expected = model.weight.detach().clone()
+    buf = io.BytesIO()
+    with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
+        model(torch.randn(2, 256))
+        storage = model.weight.untyped_storage()
+        tid = ex.ids.get(storage)
+        assert tid is not None
+        ex._offload(tid, storage, "ssd", urgent=True)
+        ex._wait(ex.moved[tid])
+        obj = model.state_dict if what == "model.state_dict()" else (lambda: model)
+        thread = threading.Thread(target=lambda: torch.save(obj(), buf))
+        thread.start()
+        thread.join()
+        assert storage.nbytes() == 0
+    saved = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    assert torch.equal(saved["weight"] if what == "model.state_dict()" else saved.weight, expected)
