@@ -1025,6 +1025,17 @@ def test_storages_too_small_to_matter_are_never_sent_out_on_demand(plan: Plan, t
     assert ex.stats.evictions > 0 and sizes == {"small": 40, "large": 0}, sizes
 
 
+def sent_out(ex: Any, t: torch.Tensor) -> int:
+    """Send ``t``'s storage out by hand and wait until it is; its id."""
+    storage = t.untyped_storage()
+    tid = ex.ids.get(storage)
+    assert tid is not None
+    ex._offload(tid, storage, "ssd", urgent=True)
+    ex._wait(ex.moved[tid])
+    assert storage.nbytes() == 0
+    return int(tid)
+
+
 def test_a_random_state_out_is_brought_back_to_be_restored(plan: Plan, tmp_path: Path) -> None:
     """NOTE [ DLPack exports ] in torch_patch.opstream: ``torch.set_rng_state`` reads its tensor
     with no op (a resumed script's restore of a loaded state failed with "data is not allocated
@@ -1032,12 +1043,7 @@ def test_a_random_state_out_is_brought_back_to_be_restored(plan: Plan, tmp_path:
     with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
         state = torch.get_rng_state().clone()
         expected = torch.rand(3)
-        storage = state.untyped_storage()
-        tid = ex.ids.get(storage)
-        assert tid is not None
-        ex._offload(tid, storage, "ssd", urgent=True)
-        ex._wait(ex.moved[tid])
-        assert storage.nbytes() == 0
+        sent_out(ex, state)
         torch.set_rng_state(new_state=state)  # by keyword too
         assert torch.equal(torch.rand(3), expected)
 
@@ -1076,11 +1082,7 @@ def test_a_write_on_a_thread_of_the_scripts_own_drops_the_kept_copy(plan: Plan, 
     kept ]) and written on another thread is freed against no stale copy: the copy goes."""
     with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
         t = torch.ones(1024)
-        storage = t.untyped_storage()
-        tid = ex.ids.get(storage)
-        assert tid is not None
-        ex._offload(tid, storage, "ssd", urgent=True)
-        ex._wait(ex.moved[tid])
+        tid = sent_out(ex, t)
         ex.moved[tid].keep_for_reuse = True
         assert t.sum().item() == 1024 and tid in ex.copies  # read back, its copy kept
         thread = threading.Thread(target=t.add_, args=(1,))
@@ -1100,11 +1102,8 @@ def test_a_save_on_a_thread_of_the_scripts_own_brings_nothing_back(plan: Plan, w
     buf = io.BytesIO()
     with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
         model(torch.randn(2, 256))
+        sent_out(ex, model.weight)
         storage = model.weight.untyped_storage()
-        tid = ex.ids.get(storage)
-        assert tid is not None
-        ex._offload(tid, storage, "ssd", urgent=True)
-        ex._wait(ex.moved[tid])
         obj = model.state_dict if what == "model.state_dict()" else (lambda: model)
         thread = threading.Thread(target=lambda: torch.save(obj(), buf))
         thread.start()
