@@ -671,10 +671,10 @@ class PlanExecutor(OpStream):
     # another thread after an evaluation was lost so). Opt-in, because a storage may then go out
     # where no plan has it out, and whatever reads it without an op teraio sees finds it freed:
     # ops on a thread started before teraio (NOTE [ Ops on other threads ] in torch_patch.opstream;
-    # a crash, or a write lost), a pointer read (safetensors' ``save_file`` of CPU tensors: an
-    # error; C++ code's, of a larger storage). What cannot go out (what is carried,
-    # what the plan keeps in, another device's) may still take such an iteration over the
-    # budget, and so may an op that allocates more than any op of the plan.
+    # a crash, or a write lost), a pointer read teraio does not know (C++ code's, of a larger
+    # storage). What cannot go out (what is carried, what the plan keeps in, another device's)
+    # may still take such an iteration over the budget, and so may an op that allocates more
+    # than any op of the plan.
     def _evict_for(self, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         """Before an op run on demand: out with the least recently used storages until what the
         op brings back fits the budget (NOTE [ On demand within the budget ])."""

@@ -144,9 +144,8 @@ def run(
              "brings back fits the plan's budget; each op waits for those writes. Without it such "
              "an iteration sends nothing out and may reach the plain run's peak. Not for a script "
              "that uses its tensors where teraio cannot see: ops on threads started before teraio, "
-             "pointers (safetensors' save_file of CPU tensors, C++ code that keeps one across "
-             "ops); those would find a tensor sent out. Tensors under a thousandth of the budget "
-             "(at most 1 MiB) stay.")] = False,
+             "pointers kept across ops (C++ code's); those would find a tensor sent out. Tensors "
+             "under a thousandth of the budget (at most 1 MiB) stay.")] = False,
 ) -> None:
     """Run SCRIPT with the plan carried out: same results, less memory.
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib
 import itertools
 import os
 import sys
@@ -741,6 +742,9 @@ class OpStream(TorchDispatchMode):
                 self._patch_fsdp()
             if self.guards_threads:  # NOTE [ Ops on other threads ]
                 self._patch(threading.Thread, "_bootstrap_inner", self._guarding)
+            safetensors_torch = _optional("safetensors.torch")  # NOTE [ Pointer checks ]
+            for name in ("save_file", "save") if safetensors_torch is not None else ():
+                self._patch(safetensors_torch, name, self._pointing)
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
             self._warning_filters = warnings.catch_warnings()
@@ -850,8 +854,8 @@ class OpStream(TorchDispatchMode):
     # garbage; ``print(weight)`` raised "out of bounds for storage of size 0"; a resumed script's
     # restore, "data is not allocated yet"). On another thread each is brought back and kept in
     # for the read (NOTE [ Reads on other threads ] in runtime.executor). Not caught:
-    # ``__cuda_array_interface__`` (CuPy, Numba), pointers (``data_ptr()``: safetensors'
-    # ``save_file`` of CPU tensors), a storage read by itself (``t.untyped_storage()``),
+    # ``__cuda_array_interface__`` (CuPy, Numba), pointers (``data_ptr()``, but for those of NOTE [
+    # Pointer checks ]), a storage read by itself (``t.untyped_storage()``),
     # ``torch.Generator.set_state(t)`` (a C++ type, which takes no patch).
     def _exporting(self, export: Any) -> Any:
         stream = self
@@ -968,8 +972,25 @@ class OpStream(TorchDispatchMode):
     # iteration 0 of an FSDP2 job at its smallest budget left its plan there and ran on demand, at
     # 2.1-2.8x its budget. So each such check sees its storage in memory: brought back for it
     # alone and, where the plan has it out, freed again at once against the copy it came from
-    # (the check writes nothing), so that no two are in together. Other pointer reads are not
-    # caught (NOTE [ DLPack exports ]).
+    # (the check writes nothing), so that no two are in together. safetensors' ``save_file`` and
+    # ``save`` hand their writer a pointer to every CPU tensor at once (on a GPU they copy each to
+    # the CPU first, an op): where the plan had one out the save failed ("invalid shape, data
+    # type, or offset"); those are brought back and held in memory for the call, all together as
+    # the writer needs them, which may take that iteration over its budget. Other pointer reads
+    # are not caught (NOTE [ DLPack exports ]).
+    def _pointing(self, save: Any) -> Any:
+        """safetensors' ``save_file`` and ``save``, which hand their writer a pointer to every
+        CPU tensor at once: those are held in memory for the call (NOTE [ Pointer checks ])."""
+        stream = self
+
+        def pointing(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            values = tensors.values() if isinstance(tensors, dict) else ()
+            storages = [s for s in used_storages(tuple(values), {}) if s.device.type == "cpu"]
+            with stream.kept_in(list(storages)):
+                return save(tensors, *args, **kwargs)
+
+        return pointing
+
     def _patch_fsdp(self) -> None:
         self._fsdp_patched = True
         self._patch(sys.modules[_FSDP_PARAM].FSDPParam, "reset_sharded_param", self._checking_pointers)
@@ -1217,6 +1238,13 @@ class _Elsewhere(TorchDispatchMode):
         if info.skip or info.view:  # an alias reads nothing (a background save's detach: NOTE [
             return func(*args, **kwargs)  # Streamed saves ] in runtime.saves writes it from its copy)
         return stream.run_elsewhere(func, args, kwargs, info)
+
+
+def _optional(module: str) -> types.ModuleType | None:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
 
 
 def _storages(tensors: Iterable[_Tensor]) -> list[torch.UntypedStorage]:

@@ -1111,3 +1111,17 @@ def test_a_save_on_a_thread_of_the_scripts_own_brings_nothing_back(plan: Plan, w
         assert storage.nbytes() == 0
     saved = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
     assert torch.equal(saved["weight"] if what == "model.state_dict()" else saved.weight, expected)
+
+
+def test_safetensors_save_of_a_tensor_out_writes_its_bytes(plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ Pointer checks ] in torch_patch.opstream: safetensors hands its writer a pointer to
+    every CPU tensor at once; one the plan has out is back and held for the call, and the file
+    is the plain one (the save failed: "invalid shape, data type, or offset")."""
+    import safetensors.torch
+
+    model = torch.nn.Linear(256, 1024)
+    expected = safetensors.torch.save(dict(model.named_parameters()))
+    with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
+        model(torch.randn(2, 256))
+        sent_out(ex, model.weight)  # (state_dict()'s detach would bring it back: passed as it is)
+        assert safetensors.torch.save(dict(model.named_parameters())) == expected
