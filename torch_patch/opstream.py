@@ -238,7 +238,7 @@ class OpInfo:
     mutable_args: frozenset[int]  # positions of arguments the op writes
     mutable_kwargs: frozenset[str]
     peer_arg: int | None = None  # a point-to-point op's argument holding the other rank
-    view: bool = False  # returns an alias of an argument and writes none: reads no data
+    view: bool = False  # an alias of an argument, made without reading it or checking its size
 
 
 # NOTE [ Collectives ]: no c10d schema marks what it writes (docs/distributed-notes.md):
@@ -272,8 +272,14 @@ def _op_info(func: Any) -> OpInfo:
     point_to_point = func._schema.name in ("c10d::send", "c10d::recv_")
     peer = next((i for i, a in enumerate(args) if a.name in ("dst", "src", "dstRank", "srcRank")),
                 None) if point_to_point else None
-    view = not writes and any(r.alias_info is not None for r in func._schema.returns)
+    # only aliases made without a check of the storage's size (one out has 0 bytes): slice,
+    # select, transpose, expand... check it ("setStorage: ... out of bounds")
+    view = not writes and str(func) in _UNCHECKED_ALIASES
     return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer, view)
+
+
+_UNCHECKED_ALIASES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
+                                "aten.view.default", "aten.view.dtype", "aten._reshape_alias.default"})
 
 
 _loads = threading.local()  # ``owning``: inside a torch.load whose storages teraio owns

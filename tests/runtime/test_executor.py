@@ -1077,6 +1077,20 @@ def test_ops_on_a_thread_of_the_scripts_own_find_what_the_plan_has_out(profiled:
     assert norms == plain and ex.stats.save_fetches > 0
 
 
+def test_a_slice_on_a_thread_of_the_scripts_own_of_a_tensor_out_is_brought_back(plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ Ops on other threads ]: a view op that checks its storage's size (slice, select,
+    transpose) brings back what it views; passed as an alias that reads nothing, it failed with
+    "setStorage: ... out of bounds" on the 0 bytes of a storage out."""
+    with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
+        t = torch.arange(1024.0)
+        sent_out(ex, t)
+        got: list[float] = []
+        thread = threading.Thread(target=lambda: got.append(t[10:20].t().sum().item()))
+        thread.start()
+        thread.join()
+        assert got == [145.0]
+
+
 def test_a_write_on_a_thread_of_the_scripts_own_drops_the_kept_copy(plan: Plan, tmp_path: Path) -> None:
     """NOTE [ Ops on other threads ]: a tensor back in memory with its copy kept (NOTE [ Copies
     kept ]) and written on another thread is freed against no stale copy: the copy goes."""
