@@ -961,12 +961,14 @@ class OpStream(TorchDispatchMode):
     # bring back stays in until the plan next sends it out. Threads started before teraio (a
     # pool made at import) and threads of C++ code are not seen.
     def _guarding(self, boot: Any) -> Any:
-        stream = self
+        ref = weakref.ref(self)  # a thread that outlives teraio does not keep it
 
         def bootstrap_inner(thread: threading.Thread) -> Any:
-            if thread.name.startswith("teraio-") or os.getpid() != stream._pid:
+            stream = ref()
+            if stream is None or thread.name.startswith("teraio-") or os.getpid() != stream._pid:
                 return boot(thread)
-            with _Elsewhere(stream):
+            mode, stream = _Elsewhere(stream), None
+            with mode:
                 return boot(thread)
 
         return bootstrap_inner
