@@ -274,7 +274,7 @@ def _op_info(func: Any) -> OpInfo:
                 None) if point_to_point else None
     # only aliases made without a check of the storage's size (one out has 0 bytes): slice,
     # select, transpose, expand... check it ("setStorage: ... out of bounds")
-    view = not writes and str(func) in _UNCHECKED_ALIASES
+    view = str(func) in _UNCHECKED_ALIASES
     return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer, view)
 
 

@@ -65,6 +65,13 @@ def same(a: tuple[list[float], list[torch.Tensor]], b: tuple[list[float], list[t
     return a[0] == b[0] and all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
 
 
+def on_a_thread(work: Callable[[], Any]) -> None:
+    """Run ``work`` on a thread of the script's own, started now, and wait for it."""
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+
+
 def extra_op_at(at: int) -> Callable[[int], None]:
     """A ``train`` hook that runs, at step ``at``, an op the profile never saw."""
     def hook(step: int) -> None:
@@ -489,9 +496,7 @@ def test_a_save_runs_the_ops_and_checks_of_the_plain_one(plan: Plan, what: str, 
                     except RuntimeError as exc:
                         files.append(str(exc))
                 if elsewhere:
-                    saving = threading.Thread(target=save)
-                    saving.start()
-                    saving.join()
+                    on_a_thread(save)
                 else:
                     save()
         return hook
@@ -585,9 +590,7 @@ def test_what_dies_on_another_thread_at_the_end_is_not_kept(profiled: Profile, t
         with offload(plan, swap_dir=tmp_path, backend="posix") as ex:
             assert same(train(4, save_at=cycle), expected)
             assert len(ex.moved) == 3  # the moments, out across the boundary
-            collector = threading.Thread(target=gc.collect)
-            collector.start()
-            collector.join()
+            on_a_thread(gc.collect)
     finally:
         gc.enable()
     assert not ex.moved and not list(tmp_path.iterdir())
@@ -616,9 +619,7 @@ def test_memory_read_outside_any_op_is_brought_back(plan: Plan, how: str, elsewh
             if not elsewhere:
                 out.append(read(model[0].weight))
                 return
-            t = threading.Thread(target=lambda: out.append(read(model[0].weight)))
-            t.start()
-            t.join()
+            on_a_thread(lambda: out.append(read(model[0].weight)))
         return hook
 
     expected: list[object] = []
@@ -1057,7 +1058,7 @@ def test_ops_on_a_thread_of_the_scripts_own_find_what_the_plan_has_out(profiled:
     memory (a segfault) and a write would be lost to a stale copy."""
     norms: list[float] = []
 
-    def on_a_thread(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    def norms_or_moments(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
         def work() -> None:
             with torch.no_grad():
                 for p in model.parameters():
@@ -1066,14 +1067,12 @@ def test_ops_on_a_thread_of_the_scripts_own_find_what_the_plan_has_out(profiled:
                     elif step > 0:
                         opt.state[p]["exp_avg"].mul_(0.5)
 
-        thread = threading.Thread(target=work)
-        thread.start()
-        thread.join()
+        on_a_thread(work)
 
-    expected = train(5, save_at=on_a_thread)
+    expected = train(5, save_at=norms_or_moments)
     plain, norms[:] = norms[:], []
     with offload(plan if op == "reads" else moments_out(profiled, keep_copy=True), swap_dir=tmp_path) as ex:
-        assert same(train(5, save_at=on_a_thread), expected)
+        assert same(train(5, save_at=norms_or_moments), expected)
     assert norms == plain and ex.stats.save_fetches > 0
 
 
@@ -1085,9 +1084,7 @@ def test_a_slice_on_a_thread_of_the_scripts_own_of_a_tensor_out_is_brought_back(
         t = torch.arange(1024.0)
         sent_out(ex, t)
         got: list[float] = []
-        thread = threading.Thread(target=lambda: got.append(t[10:20].t().sum().item()))
-        thread.start()
-        thread.join()
+        on_a_thread(lambda: got.append(t[10:20].t().sum().item()))
         assert got == [145.0]
 
 
@@ -1099,9 +1096,7 @@ def test_a_write_on_a_thread_of_the_scripts_own_drops_the_kept_copy(plan: Plan, 
         tid = sent_out(ex, t)
         ex.moved[tid].keep_for_reuse = True
         assert t.sum().item() == 1024 and tid in ex.copies  # read back, its copy kept
-        thread = threading.Thread(target=t.add_, args=(1,))
-        thread.start()
-        thread.join()
+        on_a_thread(lambda: t.add_(1))
         assert tid not in ex.copies and t.sum().item() == 2048
 
 
@@ -1119,9 +1114,7 @@ def test_a_save_on_a_thread_of_the_scripts_own_brings_nothing_back(plan: Plan, w
         sent_out(ex, model.weight)
         storage = model.weight.untyped_storage()
         obj = model.state_dict if what == "model.state_dict()" else (lambda: model)
-        thread = threading.Thread(target=lambda: torch.save(obj(), buf))
-        thread.start()
-        thread.join()
+        on_a_thread(lambda: torch.save(obj(), buf))
         assert storage.nbytes() == 0
     saved = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
     assert torch.equal(saved["weight"] if what == "model.state_dict()" else saved.weight, expected)
