@@ -351,14 +351,23 @@ def test_iterations_the_profile_set_aside_before_its_first_are_not_held_against_
 
 def test_a_layer_replaced_while_the_old_one_lives_on(tmp_path: Path) -> None:
     """The old layer's storages, named at the boundary before, are no longer named after step 3
-    but live on until step 5 (NOTE [ Names let go ]): bit-identical, and once the old layer is
+    but live on into iteration 5 (NOTE [ Names let go ]): bit-identical, and once the old layer is
     freed every iteration is within the budget again (before, its number, shared with a new
-    storage, left the new one's bytes counted twice for the rest of the run)."""
+    storage, left the new one's bytes counted twice for the rest of the run).
+
+    Iteration 5 begins with step 4's ``loss.item()``, before the script lets the old layer go:
+    a prefetch the plan starts at that op finds its weight and gradient (2 MiB the plan does
+    not know of) still in memory. Whether the plan has one there depends on the profile's
+    timings; CI's had, and iteration 5 peaked at 1.23x. So iteration 5 may go over by at most
+    the old layer's bytes, and the iterations after it not at all."""
     plain, teraio = compare(SCRIPTS / "replace_layer.py", [], tmp_path)
     assert_identical(plain, teraio)
     assert teraio.report is not None and teraio.budget is not None
     assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [3]
-    assert max(teraio.report["iteration_peak_bytes"][5:]) <= teraio.budget * 1.05
+    peaks = teraio.report["iteration_peak_bytes"]
+    old_layer = 2 * (512 * 512 + 512) * 4  # weight and bias, and their gradients
+    assert peaks[5] <= teraio.budget * 1.05 + old_layer
+    assert max(peaks[6:]) <= teraio.budget * 1.05
 
 
 def test_a_compiled_model_runs_eagerly_and_says_so(tmp_path: Path) -> None:
