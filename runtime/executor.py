@@ -766,11 +766,19 @@ class PlanExecutor(OpStream):
             if not (self.reuse_copies and self._reuse_copy(tid, storage, target)):
                 self._offload(tid, storage, target, urgent, priority=priority)
 
+    # NOTE [ Reads before an offload ]: a tensor can still be on its way back when the plan sends
+    # it out again. A step a loss scaler skips ends its iteration where the optimizer's step
+    # would have begun, with the moments the plan prefetched for that step still being read; the
+    # boundary then has them out. Counted as out, they were left in memory for the whole next
+    # iteration as their reads finished (an fp16 script, 1.08x its budget under load). So a new
+    # offload first waits for such a read, and the boundary counts a tensor being read as in.
     def _settle_kept(self, tid: int) -> None:
-        """Before a new offload of ``tid``: wait for a thrown-away write of it still in flight, so
-        that its entry is gone (NOTE [ Writes of a tensor needed again ])."""
+        """Before a new offload of ``tid``: wait for a thrown-away write of it still in flight
+        (NOTE [ Writes of a tensor needed again ]) or a read (NOTE [ Reads before an offload ]),
+        so that its entry is gone."""
         entry = self.moved.get(tid)
-        if entry is not None and entry.state is Residency.OFFLOADING and entry.touched:
+        if entry is not None and (entry.state is Residency.FETCHING
+                                  or entry.state is Residency.OFFLOADING and entry.touched):
             self._wait(entry)
 
     def _make_resident(self, tid: int, entry: _Entry) -> None:
@@ -1293,7 +1301,8 @@ class PlanExecutor(OpStream):
         boundary = at_boundary(
             self.plan, self.rank, self._ending, renamed=self._renamed,
             names={name: tid for tid, (name, _) in self.persistent.items()},
-            live_bytes=self._live_bytes, out={t for t, e in self.moved.items() if not e.touched},
+            live_bytes=self._live_bytes,
+            out={t for t, e in self.moved.items() if not e.touched and e.state is not Residency.FETCHING},
             after_first=self.iteration == 1, iteration=self.iteration)
         self.plan_ids = boundary.plan_ids
         self.schedule = self.steady

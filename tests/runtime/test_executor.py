@@ -1132,3 +1132,41 @@ def test_safetensors_save_of_a_tensor_out_writes_its_bytes(plan: Plan, tmp_path:
         model(torch.randn(2, 256))
         sent_out(ex, model.weight)  # (state_dict()'s detach would bring it back: passed as it is)
         assert safetensors.torch.save(dict(model.named_parameters())) == expected
+
+
+def test_a_read_on_its_way_back_at_the_boundary_goes_out_again(profiled: Profile, tmp_path: Path) -> None:
+    """NOTE [ Reads before an offload ]: the plan reads Adam's moments back as the backward pass
+    ends, and step 2 skips the optimizer's step (a loss scaler's skip, here a script's own with
+    ``mark_iteration``), so the iteration ends with their reads in flight or not yet seen done,
+    where the plan has them out. They go out again at the boundary: in the next forward pass
+    they are out. Counted as out, they stayed in memory the whole iteration."""
+    plan = moments_out(profiled)
+    last_backward = max(k for k, phase in enumerate(profiled.kernels_of()["phase"]) if phase != "optimizer")
+    moves = [dataclasses.replace(m, trigger_op=last_backward) if m.action == "prefetch" else m
+             for m in plan.migrations[0]]
+    plan = dataclasses.replace(plan, migrations={0: moves})
+    out_in_forward: list[int] = []
+
+    def run(steps: int) -> tuple[list[float], list[torch.Tensor]]:
+        model, opt, gen = mlp_and_data()
+        losses = []
+        for step in range(steps):
+            loss = model(torch.randn(64, 32, generator=gen)).square().mean()
+            if step == 3:
+                moments = [s["exp_avg"] for s in opt.state.values() if s["exp_avg"].numel() >= 1024]
+                out_in_forward.extend(m.untyped_storage().nbytes() == 0 for m in moments)
+            opt.zero_grad()
+            loss.backward()
+            if step != 2:
+                opt.step()
+            if step >= 2:  # from the first call on, only these end iterations
+                mark_iteration()
+            losses.append(loss.item())
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    expected = run(5)
+    out_in_forward.clear()
+    with offload(plan, swap_dir=tmp_path, backend="posix") as ex:
+        assert same(run(5), expected)
+    assert ex.stats.iteration_followed[3]
+    assert out_in_forward == [True, True, True]
