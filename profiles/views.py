@@ -136,6 +136,14 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     death = np.where(c_wrap, c_free + num_ops * c_part, np.where(c_free < 0, num_ops, c_free))
     t = ~(c_res | has_old) & (death - c_last >= 2)
     periods.append((c_tid[t], c_last[t], death[t], False))
+    # NOTE [ Untouched storages ]: one alive throughout that no op of the iteration uses (a copy
+    # of the initial weights kept for the end, the best weights so far) had no period, so it
+    # counted at every op. It gets a trailing one over the whole iteration: out after op 0, and
+    # out at the boundary, so it stays out for as long as the plan is followed.
+    alive = (tensors["alloc_op"].to_numpy(np.int64) < 0) & (tensors["free_op"].to_numpy(np.int64) < 0)
+    untouched = np.setdiff1d(tensors.index.to_numpy(np.int64)[alive], tid)
+    if num_ops >= 3 and len(untouched):
+        periods.append((untouched, np.zeros(len(untouched), np.int64), np.full(len(untouched), num_ops), False))
 
     tensor_id = np.concatenate([p[0] for p in periods]).astype(np.int64)
     start_op = np.concatenate([p[1] for p in periods]).astype(np.int64)
