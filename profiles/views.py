@@ -139,8 +139,11 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     # NOTE [ Untouched storages ]: one alive throughout that no op of the iteration uses (a copy
     # of the initial weights kept for the end, the best weights so far) had no period, so it
     # counted at every op. It gets a trailing one over the whole iteration: out after op 0, and
-    # out at the boundary, so it stays out for as long as the plan is followed.
-    alive = (tensors["alloc_op"].to_numpy(np.int64) < 0) & (tensors["free_op"].to_numpy(np.int64) < 0)
+    # out at the boundary, so it stays out for as long as the plan is followed. Not one under
+    # 64 KiB: those are few bytes, and a saved random state (5 KiB), which
+    # ``torch.Generator.set_state`` reads with no op teraio sees, is one of them.
+    alive = ((tensors["alloc_op"].to_numpy(np.int64) < 0) & (tensors["free_op"].to_numpy(np.int64) < 0)
+             & (tensors["size_bytes"].to_numpy(np.int64) >= 1 << 16))
     untouched = np.setdiff1d(tensors.index.to_numpy(np.int64)[alive], tid)
     if num_ops >= 3 and len(untouched):
         periods.append((untouched, np.zeros(len(untouched), np.int64), np.full(len(untouched), num_ops), False))
