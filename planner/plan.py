@@ -81,7 +81,9 @@ NOTE [ Offloads without a prefetch ]: an offload with no prefetch of the same
 Trailing periods ] in ``planner.problem``): the storage is not used again
 before it dies, and ``period_end_op`` is the op at which it is no longer alive
 (``>= num_ops``, with ``wraps: true``, when it dies in a later iteration, as
-gradients freed by the next iteration's ``zero_grad(set_to_none=True)``).
+gradients freed by the next iteration's ``zero_grad(set_to_none=True)``, or
+``num_ops + 1`` for a storage no op of the iteration uses: NOTE [ Untouched
+storages ] in ``profiles.views``).
 The runtime leaves such a tensor out: if something touches it anyway it is
 faulted in on demand, and its copy is deleted when the storage dies. A
 gradient made in backward is such a tensor: it gets its persistent name (and

@@ -26,7 +26,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.plan import Migration, Plan
 from profiles.ids import CARRIED_FLAG, LONG_BASE, PRODUCED_BASE
+from profiles.views import UNTOUCHED_MIN_BYTES
 from runtime.backends import Backend, BackendFull
 from runtime.boundary import Ending, Schedule, at_boundary
 from runtime.engine import Job, MigrationEngine
@@ -246,6 +247,7 @@ class PlanExecutor(OpStream):
                            if m.tensor_id < PRODUCED_BASE or LONG_BASE <= m.tensor_id < CARRIED_FLAG}
         self._evict_transient = any(m.name is not None for m in moves)  # no writes teraio cannot see
         self._used_at: dict[int, int] = {}
+        self._left_over: dict[int, int] = {}  # NOTE [ Left over ]: made on demand, unused since
         self._clock = 0
         self._busy: set[int] = set()  # used by a collective in this iteration
         self._busy_before: set[int] = set()  # and in the one before (renamed at the boundary)
@@ -289,6 +291,9 @@ class PlanExecutor(OpStream):
             return  # nothing freed under them (a write finished), nor brought back
         if self.engine.completed:
             self._drain()
+        if self._left_over:
+            for tid, _, _ in inputs:
+                self._left_over.pop(tid, None)
         if schedule is not None:
             for m in schedule.triggers.get(index, ()):
                 self._start(m)
@@ -341,6 +346,8 @@ class PlanExecutor(OpStream):
                 continue
             tid = self.ids.get(storage)
             entry = self.moved.get(tid) if tid is not None else None
+            if tid is not None:
+                self._left_over.pop(tid, None)
             if tid is not None and entry is not None:
                 self._make_resident(tid, entry)
             if tid is not None and tid in self.copies:
@@ -382,6 +389,8 @@ class PlanExecutor(OpStream):
                 stats.tracked_bytes += n
                 if self.hold_on_demand:  # NOTE [ On demand within the budget ]: just made, not idle
                     self._used_at[tid] = self._clock
+                if self.schedule is None and n >= UNTOUCHED_MIN_BYTES:  # NOTE [ Left over ]
+                    self._left_over[tid] = n
         for tid, t, _ in inputs:
             if tid not in sizes and (s := self.input_storage(tid, t)) is not None:  # made outside any op
                 n = _memory_of(s)
@@ -398,6 +407,7 @@ class PlanExecutor(OpStream):
             self._drop_copy(tensor_id)
         self._again.pop(tensor_id, None)
         self._used_at.pop(tensor_id, None)
+        self._left_over.pop(tensor_id, None)
         entry = self.moved.pop(tensor_id, None)
         n = self.sizes.pop(tensor_id, 0)
         if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
@@ -1230,6 +1240,7 @@ class PlanExecutor(OpStream):
         self.sizes = {new_ids.get(t, t): n for t, n in self.sizes.items()}
         self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
         self.copies = {new_ids.get(t, t): e for t, e in self.copies.items()}
+        self._left_over = {new_ids.get(t, t): n for t, n in self._left_over.items()}
         for entry in self.moved.values():
             if entry.job is not None:
                 entry.job.tensor_id = new_ids.get(entry.job.tensor_id, entry.job.tensor_id)
@@ -1312,7 +1323,8 @@ class PlanExecutor(OpStream):
             storage = self.ids.storage(tid)
             if storage is not None and tid not in self.moved:
                 self._offload(tid, storage, m.place, urgent=True, name=m.name)
-        for tid, _ in boundary.send_out:
+        left_over = self._send_left_over(boundary.plan_ids.values())
+        for tid in [t for t, _ in boundary.send_out] + left_over:
             entry = self.moved.get(tid)
             if entry is not None and entry.state is Residency.OFFLOADING:
                 self._wait(entry)
@@ -1325,6 +1337,27 @@ class PlanExecutor(OpStream):
             elif entry.state in (Residency.SSD, Residency.HOST):
                 self._fetch(tid, entry, urgent=False)
         self.stats.peak_tracked_bytes = self.stats.tracked_bytes  # the new iteration's peak
+
+    # NOTE [ Left over ]: an iteration run on demand (an evaluation) may make a storage that lives
+    # on unused, unknown to the plan: the best weights so far, copied when the validation loss
+    # improves. A plan has such copies out (NOTE [ Untouched storages ] in profiles.views), and
+    # counts no room for them; a new one was left in memory, 1.62x over the budget in every
+    # iteration after. So at the boundary after such an iteration, a storage it made that no op
+    # has used since (64 KiB or more, not named nor the plan's) goes out with the plan's.
+    def _send_left_over(self, known: Iterable[int]) -> list[int]:
+        """Send out what the iteration before left over (NOTE [ Left over ]); their ids."""
+        left, self._left_over = self._left_over, {}
+        if self._ending is not Ending.ON_DEMAND or not left:
+            return []
+        known = set(known)
+        sent = []
+        for tid in left:
+            storage = self.ids.storage(tid)
+            if (storage is not None and tid not in known and tid not in self.persistent and tid not in self.moved
+                    and storage.nbytes() >= UNTOUCHED_MIN_BYTES and self.movable(storage)):
+                self._offload(tid, storage, self._spill, urgent=True)
+                sent.append(tid)
+        return sent
 
     def _live_bytes(self, tid: int) -> int | None:
         """The bytes of the live storage ``tid``, in memory or out (freed in place, its size is 0)."""
