@@ -293,9 +293,9 @@ def profile(
              "buffer, gradient and optimizer state in memory and move the rest")
     if world_size > 1:
         prof = _job_profile(prof, out_dir, job_rank, world_size)
-        if prof is None:
-            return
-    _write(prof, out_dir)
+    if prof is not None:
+        _write(prof, out_dir)
+    _leave_threads()
 
 
 def _stop_children() -> None:
@@ -312,6 +312,24 @@ def _stop_children() -> None:
             child.terminate()
         for child in children:
             child.join(10)
+
+
+def _leave_threads() -> None:
+    """Exit now if threads the script started still run: the profile stopped the script mid-loop,
+    so its code that stops them never ran. Python waited at exit, for ever, for a non-daemon
+    logger thread, and a daemon one running ops as the interpreter shut down aborted it (exit
+    134, "terminate called without an active exception") after the profile was written."""
+    import threading
+
+    alive = [t for t in threading.enumerate()
+             if t is not threading.main_thread() and t.is_alive() and not t.name.startswith("teraio-")]
+    if not alive:
+        return
+    info(f"leaving {len(alive)} thread{'s' if len(alive) > 1 else ''} the script started "
+         f"({', '.join(t.name for t in alive[:3])}) as they are: the script was stopped mid-loop")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _write(prof: Any, out_dir: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from profiles import read_profile
 from tests.conftest import EXAMPLE, SMALL_GPT, run_teraio
 
@@ -142,6 +144,40 @@ def test_a_producer_process_the_script_started_does_not_keep_the_profile_waiting
     r = run_teraio("profile", script, "--out", tmp_path / "p", cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "stopping 1 process the script started" in r.stderr
+    assert (tmp_path / "p" / "meta.json").exists()
+
+
+LOGGER_THREAD = """
+import threading
+import torch
+
+stop = threading.Event()
+model = torch.nn.Linear(16, 1)
+logged = []
+logger = threading.Thread(target=lambda: [logged.append(model.weight.norm().item()) for _ in iter(
+    lambda: stop.wait(0.01), True)], daemon=%s)
+logger.start()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(20):
+    model(torch.randn(4, 16)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+stop.set()
+logger.join()
+"""
+
+
+@pytest.mark.parametrize("daemon", [False, True])
+def test_a_thread_the_script_stops_after_its_loop_does_not_keep_the_profile_waiting(daemon: bool,
+                                                                                    tmp_path: Path) -> None:
+    """The profile stops the script mid-loop, so its code that stops its logger thread never
+    runs: Python waited for a non-daemon thread at exit for ever (a daemon one running ops as
+    the interpreter shut down aborted it now and then). The profile is written and it exits."""
+    script = tmp_path / "logger.py"
+    script.write_text(LOGGER_THREAD % daemon)
+    r = run_teraio("profile", script, "--out", tmp_path / "p", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "leaving 1 thread the script started" in r.stderr
     assert (tmp_path / "p" / "meta.json").exists()
 
 
