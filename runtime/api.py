@@ -255,6 +255,7 @@ def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, A
         "failed_writes": s.failed_writes,
         "not_resizable": s.not_resizable,
         "save_fetches": s.save_fetches,
+        "thread_fetches": s.thread_fetches,
         "other_sizes": s.other_sizes,
         "compiled": executor.compiled,
         "bytes_written": written,

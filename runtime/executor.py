@@ -105,6 +105,7 @@ class RunStats:
     not_resizable: list[str] = field(default_factory=list)  # planned tensors kept: not freeable
     save_fetches: int = 0  # copies read for a torch.save (NOTE [ Streamed saves ]), or tensors brought back for a
     # legacy one (then freed again) or a read on another thread
+    thread_fetches: int = 0  # tensors brought back for a read on another thread (NOTE [ Reads on other threads ])
     other_sizes: int = 0  # planned offloads left out: their storage had another size or name
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
     dropped_copies: int = 0  # kept copies an op wrote over before their offload came
@@ -234,6 +235,7 @@ class PlanExecutor(OpStream):
         self._lock = threading.RLock()  # held while the records change
         _EXECUTORS.add(self)
         self._held: dict[int, int] = {}  # id(storage) -> reads on other threads keeping it in memory
+        self._held_back: dict[int, str] = {}  # tid -> where the plan has it: brought back for such a read
         self._saving = 0  # torch.saves running on this thread
         # NOTE [ Streamed saves ]: a parameter pickled by such a save (its ``detach`` only aliases
         # the storage), and the save writing its records (its ops copy nothing of an out storage)
@@ -406,6 +408,7 @@ class PlanExecutor(OpStream):
         if tensor_id in self.copies:
             self._drop_copy(tensor_id)
         self._again.pop(tensor_id, None)
+        self._held_back.pop(tensor_id, None)
         self._used_at.pop(tensor_id, None)
         self._left_over.pop(tensor_id, None)
         entry = self.moved.pop(tensor_id, None)
@@ -470,6 +473,7 @@ class PlanExecutor(OpStream):
         if tid not in self.moved and tid in self.plan_ids:
             tid = self.plan_ids[tid]
         self._again.pop(tid, None)  # the plan has it in from here (NOTE [ Ops on a tensor going out ])
+        self._held_back.pop(tid, None)
         entry = self.moved.get(tid)
         if entry is None:
             return
@@ -1107,8 +1111,12 @@ class PlanExecutor(OpStream):
     # what it reads (waiting for a write in flight first; a torch.save there writes what is out
     # of the CPU's memory from its copies instead: NOTE [ Streamed saves ] in runtime.saves),
     # and marks those storages held: while a read holds one, the plan's offloads of it are left
-    # out (it stays in memory, which may take an iteration over its budget: said once), and
-    # nothing it brought back is freed again when it ends; the plan's next offload of it is.
+    # out (it stays in memory, which may take an iteration over its budget: said once). What it
+    # brought back where a followed plan has it out goes out again before the training thread's
+    # next op that does not use it, as after an op of its own (NOTE [ Ops on a tensor going out
+    # ]), freed against the copy its read kept: left in until the plan's next offload, a copy no
+    # op uses, which the plan sends out once an iteration, stayed in (1.41x the budget with a
+    # logger thread reading it every 50 ms).
     # Its waits for its own tensors' transfers count as no stall of the training; a read that must
     # first wait for the training's writes to make room waits as the training would (a stall, and
     # the jobs done meanwhile applied there). The lock is the training process's: a forked child
@@ -1193,16 +1201,25 @@ class PlanExecutor(OpStream):
             if entry is not None and entry.job is job:  # not applied: never wait for ever
                 break
         if bring_back and entry is not None and entry.state in (Residency.SSD, Residency.HOST):
+            if self.schedule is not None:  # out again once read (NOTE [ Reads on other threads ])
+                self._held_back[tid] = entry.target
+                entry.keep_for_reuse = self.reuse_copies and entry.target != "host"
             self._fetch(tid, entry, urgent=True, for_op=False)
             if entry.job is not None:
                 self._finished(entry.job)
             self.stats.save_fetches += 1
+            self.stats.thread_fetches += threading.get_ident() != self._thread
 
     def _release(self, held: list[torch.UntypedStorage]) -> None:
         for storage in held:
             n = self._held.pop(id(storage)) - 1
             if n > 0:
                 self._held[id(storage)] = n
+                continue
+            tid = self.ids.get(storage)
+            target = self._held_back.pop(tid, None) if tid is not None else None
+            if tid is not None and target is not None and self.schedule is not None and tid not in self.moved:
+                self._again[tid] = (target, False, 0)  # out before the next op that does not use it
 
     def _finished(self, job: Job) -> None:
         """Wait for ``job`` (served before every job that is not urgent) and apply its result, on a
@@ -1318,6 +1335,7 @@ class PlanExecutor(OpStream):
         self.plan_ids = boundary.plan_ids
         self.schedule = self.steady
         self._sent_again.clear()  # ``_again`` was emptied as the iteration ended
+        self._held_back.clear()  # what the plan has out differs from here
         for tid, m in boundary.send_out:
             self._settle_kept(tid)
             storage = self.ids.storage(tid)

@@ -70,6 +70,8 @@ def _summary(r: dict[str, Any]) -> str:
                      f"{max(p for _, p in above) / budget:.2f}x). Possible causes: " + (
                          f"{r['failed_writes']} writes that failed (no room left where they went: the "
                          "warning above), whose tensors stayed in memory; " if r.get("failed_writes") else "")
+                     + (f"reads on a thread of the script's own of tensors the plan had out ({r['thread_fetches']} "
+                        "brought back: each is in memory while it is read); " if r.get("thread_fetches") else "")
                      + "memory the script came to "
                      "hold after the profiled iterations (a checkpoint loaded and kept, an evaluation's "
                      "results, a history that grows: profile a stretch of steps that holds it, --warmup, or "

@@ -1170,3 +1170,35 @@ def test_a_read_on_its_way_back_at_the_boundary_goes_out_again(profiled: Profile
         assert same(run(5), expected)
     assert ex.stats.iteration_followed[3]
     assert out_in_forward == [True, True, True]
+
+
+def test_what_a_thread_of_the_scripts_own_brought_back_goes_out_again(profiled: Profile, tmp_path: Path) -> None:
+    """NOTE [ Reads on other threads ]: a logger thread reads an Adam moment in the forward pass,
+    where the plan has it out; once the read is done it goes out again before the training's
+    next op (freed against the copy the read kept). It stayed in memory until the plan's next
+    offload of it."""
+    plan = moments_out(profiled)
+    out_after: list[bool] = []
+    norms: list[float] = []
+
+    def run(steps: int) -> tuple[list[float], list[torch.Tensor]]:
+        model, opt, gen = mlp_and_data()
+        losses = []
+        for step in range(steps):
+            loss = model(torch.randn(64, 32, generator=gen)).square().mean()
+            if step == 2:
+                moment = opt.state[model[2].weight]["exp_avg"]
+                on_a_thread(lambda m=moment: norms.append(m.norm().item()))
+                loss.register_hook(lambda g, m=moment: out_after.append(m.untyped_storage().nbytes() == 0))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    expected = run(4)
+    out_after.clear()
+    with offload(plan, swap_dir=tmp_path, backend="posix") as ex:
+        assert same(run(4), expected)
+    assert ex.stats.iteration_followed == [True] * 4
+    assert norms[1] == norms[0] and out_after == [True]
