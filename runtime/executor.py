@@ -175,6 +175,12 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
+# Ops that read none of their tensors' bytes, or only those of a ``copy_``'s source: a deep copy's
+# making of a storage (NOTE [ Left over ])
+_NOT_READING = ("aten.set_", "aten.detach", "aten.alias", "aten.view", "aten._reshape_alias", "aten.lift_fresh",
+                "aten.new_empty", "aten.empty_like")
+
+
 def _storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
     try:
         return t.untyped_storage()
@@ -293,9 +299,11 @@ class PlanExecutor(OpStream):
             return  # nothing freed under them (a write finished), nor brought back
         if self.engine.completed:
             self._drain()
-        if self._left_over:
-            for tid, _, _ in inputs:
-                self._left_over.pop(tid, None)
+        if self._left_over and not name.startswith(_NOT_READING):  # NOTE [ Left over ]: read since made
+            copying = name == "aten.copy_.default"
+            for tid, _, written in inputs:
+                if not (copying and written):
+                    self._left_over.pop(tid, None)
         if schedule is not None:
             for m in schedule.triggers.get(index, ()):
                 self._start(m)
@@ -398,6 +406,8 @@ class PlanExecutor(OpStream):
                 n = _memory_of(s)
                 sizes[tid] = n
                 stats.tracked_bytes += n
+                if self.schedule is None and n >= UNTOUCHED_MIN_BYTES:  # (a deep copy's): NOTE [ Left over ]
+                    self._left_over[tid] = n
         if stats.tracked_bytes > stats.peak_tracked_bytes:
             stats.peak_tracked_bytes = stats.tracked_bytes
 
@@ -1361,7 +1371,9 @@ class PlanExecutor(OpStream):
     # improves. A plan has such copies out (NOTE [ Untouched storages ] in profiles.views), and
     # counts no room for them; a new one was left in memory, 1.62x over the budget in every
     # iteration after. So at the boundary after such an iteration, a storage it made that no op
-    # has used since (64 KiB or more, not named nor the plan's) goes out with the plan's.
+    # has read since (64 KiB or more, of the budget's device, not named nor the plan's) goes out
+    # with the plan's. A deep copy makes its storages outside any op, then fills them (``set_``,
+    # the destination of ``copy_``, aliases): none of those reads them.
     def _send_left_over(self, known: Iterable[int]) -> list[int]:
         """Send out what the iteration before left over (NOTE [ Left over ]); their ids."""
         left, self._left_over = self._left_over, {}
@@ -1372,7 +1384,8 @@ class PlanExecutor(OpStream):
         for tid in left:
             storage = self.ids.storage(tid)
             if (storage is not None and tid not in known and tid not in self.persistent and tid not in self.moved
-                    and storage.nbytes() >= UNTOUCHED_MIN_BYTES and self.movable(storage)):
+                    and storage.nbytes() >= UNTOUCHED_MIN_BYTES and storage.device.type == self._device
+                    and self.movable(storage)):
                 self._offload(tid, storage, self._spill, urgent=True)
                 sent.append(tid)
         return sent

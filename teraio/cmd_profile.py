@@ -314,15 +314,22 @@ def _stop_children() -> None:
             child.join(10)
 
 
-def _leave_threads() -> None:
-    """Exit now if threads the script started still run: the profile stopped the script mid-loop,
-    so its code that stops them never ran. Python waited at exit, for ever, for a non-daemon
-    logger thread, and a daemon one running ops as the interpreter shut down aborted it (exit
-    134, "terminate called without an active exception") after the profile was written."""
+def _leave_threads(wait_s: float = 10.0) -> None:
+    """Exit now if threads the script started still run (non-daemon ones given ``wait_s`` to end:
+    a checkpoint being written): the profile stopped the script mid-loop, so its code that stops
+    them never ran. Python waited at exit, for ever, for a non-daemon logger thread, and a daemon
+    one running ops as the interpreter shut down aborted it (exit 134, "terminate called without
+    an active exception") after the profile was written."""
     import threading
+    import time
 
-    alive = [t for t in threading.enumerate()
-             if t is not threading.main_thread() and t.is_alive() and not t.name.startswith("teraio-")]
+    alive = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
+             and not t.name.startswith("teraio-") and not isinstance(t, threading._DummyThread)]
+    until = time.monotonic() + wait_s
+    for t in alive:
+        if not t.daemon:
+            t.join(max(0.0, until - time.monotonic()))
+    alive = [t for t in alive if t.is_alive()]
     if not alive:
         return
     info(f"leaving {len(alive)} thread{'s' if len(alive) > 1 else ''} the script started "

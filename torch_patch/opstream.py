@@ -722,7 +722,7 @@ class OpStream(TorchDispatchMode):
             for owner in (torch.utils.dlpack, torch):
                 if hasattr(owner, "to_dlpack"):
                     self._patch(owner, "to_dlpack", self._exporting)
-            for name in ("tolist", "__deepcopy__", "__repr__"):  # read outside any op
+            for name in ("tolist", "__deepcopy__", "__repr__", "numpy"):  # read outside any op
                 self._patch(torch.Tensor, name, self._reading)
             for owner in (torch, torch.random):  # so is a random state restored (a resume's)
                 self._patch(owner, "set_rng_state", self._restoring)
@@ -851,7 +851,9 @@ class OpStream(TorchDispatchMode):
     # numbers with no error, seen). So a storage handed out is one others manage, as one they
     # resize: brought back first if it is out (``bring_back``), then never planned nor freed. A
     # copy (``copy=True``) hands out nothing. (``t.numpy()`` runs a ``detach`` op, which brings
-    # it back, and PyTorch marks its storage not resizable.) ``t.tolist()``, ``copy.deepcopy(t)``
+    # it back, and PyTorch marks its storage not resizable; on a thread of the script's own that
+    # ``detach`` passes as an alias, NOTE [ Ops on other threads ], and numpy read freed memory: a
+    # metric 0.0, not 151.1, so ``numpy`` itself brings it back.) ``t.tolist()``, ``copy.deepcopy(t)``
     # (a storage clone), pickling (``t.__reduce_ex__``, which pickles ``t``'s storage; not inside
     # a torch.save that writes it itself: NOTE [ Streamed saves ] in runtime.saves), printing
     # (``repr(t)``, which indexes ``t`` with every dispatch mode turned off) and restoring a random

@@ -597,7 +597,7 @@ def test_what_dies_on_another_thread_at_the_end_is_not_kept(profiled: Profile, t
 
 
 @pytest.mark.parametrize(("how", "elsewhere"), [("tolist", False), ("repr", False), ("tolist", True),
-                                                 ("repr", True), ("dlpack", True)])
+                                                 ("repr", True), ("dlpack", True), ("numpy", True)])
 def test_memory_read_outside_any_op_is_brought_back(plan: Plan, how: str, elsewhere: bool) -> None:
     """``.tolist()``, ``repr`` (printing) and a DLPack export read a tensor's memory with no op
     teraio sees: between forward and backward, while this plan has the first layer's weight out,
@@ -610,6 +610,8 @@ def test_memory_read_outside_any_op_is_brought_back(plan: Plan, how: str, elsewh
             return sum(sum(w.tolist(), []))
         if how == "repr":
             return repr(w)
+        if how == "numpy":  # on a thread its ``detach`` passes as an alias (NOTE [ Ops on other threads ])
+            return float(w.detach().numpy().sum())
         return float(np.from_dlpack(w.detach()).sum())
 
     def reader(out: list[object]) -> Callable[[int, torch.nn.Module, torch.optim.Optimizer], None]:
