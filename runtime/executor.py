@@ -45,7 +45,15 @@ from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.saves import streamed_save
 from runtime.storage import byte_view, free_storage, realloc_storage
-from torch_patch.opstream import OpInfo, OpStream, parts, tensor_args, used_storages, written_storages
+from torch_patch.opstream import (
+    UNCHECKED_ALIASES,
+    OpInfo,
+    OpStream,
+    parts,
+    tensor_args,
+    used_storages,
+    written_storages,
+)
 
 __all__ = ["PlanExecutor", "Residency", "RunStats", "signals_held"]
 
@@ -175,10 +183,9 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
-# Ops that read none of their tensors' bytes, or only those of a ``copy_``'s source: a deep copy's
-# making of a storage (NOTE [ Left over ])
-_NOT_READING = ("aten.set_", "aten.detach", "aten.alias", "aten.view", "aten._reshape_alias", "aten.lift_fresh",
-                "aten.new_empty", "aten.empty_like")
+# Ops that read none of their tensors' bytes beside the aliases (a deep copy's making of a storage:
+# NOTE [ Left over ])
+_NOT_READING = ("aten.set_", "aten.new_empty", "aten.empty_like")
 
 
 def _storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
@@ -299,7 +306,7 @@ class PlanExecutor(OpStream):
             return  # nothing freed under them (a write finished), nor brought back
         if self.engine.completed:
             self._drain()
-        if self._left_over and not name.startswith(_NOT_READING):  # NOTE [ Left over ]: read since made
+        if self._left_over and not (name in UNCHECKED_ALIASES or name.startswith(_NOT_READING)):  # NOTE [ Left over ]
             copying = name == "aten.copy_.default"
             for tid, _, written in inputs:
                 if not (copying and written):

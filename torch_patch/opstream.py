@@ -274,11 +274,11 @@ def _op_info(func: Any) -> OpInfo:
                 None) if point_to_point else None
     # only aliases made without a check of the storage's size (one out has 0 bytes): slice,
     # select, transpose, expand... check it ("setStorage: ... out of bounds")
-    view = str(func) in _UNCHECKED_ALIASES
+    view = str(func) in UNCHECKED_ALIASES
     return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer, view)
 
 
-_UNCHECKED_ALIASES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
+UNCHECKED_ALIASES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
                                 "aten.view.default", "aten.view.dtype", "aten._reshape_alias.default"})
 
 
