@@ -166,7 +166,8 @@ _WORKER_COPIES = """
 import os, sys, threading, torch
 from runtime.backends import HostBackend, PosixBackend
 assert torch.get_num_threads() == 2
-b = HostBackend(64 << 20) if sys.argv[2] == "host" else PosixBackend(sys.argv[1], direct=sys.argv[2] == "direct")
+mode = sys.argv[2]
+b = HostBackend(64 << 20, pin=False) if mode == "host" else PosixBackend(sys.argv[1], direct=mode == "direct")
 n = 8 << 20  # one staging buffer, far above a parallel copy's grain
 src, dst = torch.arange(n, dtype=torch.int64).to(torch.uint8), torch.zeros(n, dtype=torch.uint8)
 torch.ones(n).add_(1)  # the main thread's own team, as a training step makes it

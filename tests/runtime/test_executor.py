@@ -93,7 +93,7 @@ def plan_of(moves: list[Migration], op_names: list[str], budget: int | None = No
             summary: dict[str, Any] | None = None, made: list[int] | None = None) -> Plan:
     """A one-rank plan of ``moves`` (the planner's model, as the runtime reads it); ``made``: the
     bytes each op allocates (none: no op makes room)."""
-    return Plan(signature="hand", parameters={"gpu_mem_bytes": budget}, summary=summary or {},
+    return Plan(signature="hand", parameters={"gpu_mem_bytes": budget, "device_type": "cpu"}, summary=summary or {},
                 migrations={0: moves}, op_names={0: op_names}, made_bytes={0: made or [0] * len(op_names)},
                 first=first, carried_into_next={0: carried} if carried is not None else {})
 
@@ -1012,7 +1012,7 @@ def test_storages_too_small_to_matter_are_never_sent_out_on_demand(plan: Plan, t
     bucket_size". Storages under a thousandth of the budget stay; larger ones made in the
     iteration go out as before."""
     named = [dataclasses.replace(m, name="w") if k == 0 else m for k, m in enumerate(plan.migrations[0])]
-    held = dataclasses.replace(plan, migrations={0: named}, parameters={"gpu_mem_bytes": 128 << 10})
+    held = dataclasses.replace(plan, migrations={0: named}, parameters={**plan.parameters, "gpu_mem_bytes": 128 << 10})
     sizes: dict[str, int] = {}
 
     def made_between_ops(step: int) -> None:
