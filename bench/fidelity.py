@@ -72,6 +72,15 @@ def moved(report: dict[str, Any]) -> str:
     return ", ".join(out)
 
 
+def waits(report: dict[str, Any]) -> str:
+    """The run's waits per iteration from iteration 1 on, by what each was for (``_wait`` in
+    runtime/executor.py): where a GPU run's host loses its lead over the GPU."""
+    per = max(len(report["iteration_s"]) - 1, 1)
+    causes = sorted(report["steady_stalls"].items(), key=lambda kv: -kv[1][1])
+    return "waits an iteration: " + (", ".join(f"{c} {n / per:.1f} ({s / per * 1e3:,.0f} ms)" for c, (n, s) in causes)
+                                     or "none")
+
+
 def busy(summary: dict[str, Any], report: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """Per direction, the seconds of an iteration the plan predicts its channels busy (moving bytes
     or in a transfer's latency), and the median the run measured (any transfer moving) from
@@ -168,7 +177,7 @@ def main() -> None:
                       f"(plain runs beside it {drift:.2f}x the first); "
                       f"peak predicted {peak_pred / MIB:.1f} MiB, measured {peak_meas / MIB:.1f} MiB"
                       + (f", CUDA's {max(cuda) / MIB:.1f} MiB" if cuda else "")
-                      + "; " + moved(r) + "; busy an iteration, predicted / measured: "
+                      + "; " + moved(r) + "; " + waits(r) + "; busy an iteration, predicted / measured: "
                       + ", ".join(f"{d} {p * 1e3:,.0f} / {m * 1e3:,.0f} ms" for d, (p, m) in rows[-1]["busy"].items()),
                       flush=True)
     print()

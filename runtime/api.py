@@ -244,6 +244,8 @@ def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, A
         "stalls": s.stalls,
         "stall_s": s.stall_s,
         "iteration_stall_s": s.iteration_stall_s,
+        # from iteration 1 on, by cause: {"room": [waits, seconds], ...} (PlanExecutor._wait)
+        "steady_stalls": s.steady_stalls,
         "on_demand_fetches": s.on_demand_fetches,
         "iteration_on_demand_fetches": s.iteration_on_demand_fetches,
         # NOTE [ On demand within the budget ] in runtime.executor

@@ -96,6 +96,8 @@ class _Entry:
 class RunStats:
     stalls: int = 0
     stall_s: float = 0.0
+    # from iteration 1 on, what each wait was for: [waits, seconds] by cause (see ``_wait``)
+    steady_stalls: dict[str, list[float]] = field(default_factory=dict)
     on_demand_fetches: int = 0
     cancelled_offloads: int = 0
     failed_writes: int = 0
@@ -624,7 +626,11 @@ class PlanExecutor(OpStream):
             raise StorageIOError(job.tensor_id, job.target or "the backend",
                                  f"the {job.direction} did not finish in {timeout:.0f} s")
 
-    def _wait(self, entry: _Entry) -> None:
+    def _wait(self, entry: _Entry, cause: str) -> None:
+        """Wait for ``entry``'s transfer, a stall counted under ``cause``: ``room`` (an op or a
+        prefetch waits for a write to free its bytes), ``late read`` (a read the plan started is
+        not done when an op uses it), ``fault`` (a read on demand), ``offload`` (a new offload
+        waits for the last transfer of its tensor), ``boundary``, ``save``, ``thread``, ``pointer check``."""
         job = entry.job
         if job is None:
             return
@@ -632,8 +638,13 @@ class PlanExecutor(OpStream):
             self.engine.promote(job)
             t0 = time.perf_counter()
             self._await(job)
+            waited = time.perf_counter() - t0
             self.stats.stalls += 1
-            self.stats.stall_s += time.perf_counter() - t0
+            self.stats.stall_s += waited
+            if self.iteration > 0:
+                counts = self.stats.steady_stalls.setdefault(cause, [0, 0.0])
+                counts[0] += 1
+                counts[1] += waited
         self._drain()
 
     # NOTE [ Room ]: a tensor's memory is free only once its offload is done, and the
@@ -669,7 +680,7 @@ class PlanExecutor(OpStream):
         while writes and self.stats.tracked_bytes + nbytes > budget:
             entry = writes.popleft()
             if entry.state is Residency.OFFLOADING and not entry.touched:  # a touched one frees nothing
-                self._wait(entry)
+                self._wait(entry, "room")
         before = self.stats.tracked_bytes + 1
         while for_op and before > self.stats.tracked_bytes and self.stats.tracked_bytes + nbytes > budget:
             before = self.stats.tracked_bytes
@@ -810,16 +821,18 @@ class PlanExecutor(OpStream):
         entry = self.moved.get(tid)
         if entry is not None and (entry.state is Residency.FETCHING
                                   or entry.state is Residency.OFFLOADING and entry.touched):
-            self._wait(entry)
+            self._wait(entry, "offload")
 
     def _make_resident(self, tid: int, entry: _Entry) -> None:
         if entry.state is Residency.OFFLOADING:
             self._needed_again(entry)
             return
+        cause = "late read"
         if entry.state in (Residency.SSD, Residency.HOST):
             self.stats.on_demand_fetches += 1
             self._fetch(tid, entry, urgent=True)
-        self._wait(entry)
+            cause = "fault"
+        self._wait(entry, cause)
 
     def _drain(self, errors: list[StorageIOError] | None = None) -> None:
         """Apply the state changes of every finished job (main thread only); a failed read
@@ -992,11 +1005,11 @@ class PlanExecutor(OpStream):
                 entry = self.moved.get(tid) if tid is not None else None
                 if entry is None or tid is None:
                     continue
-                self._wait(entry)  # an offload in flight finishes first (then it is out)
+                self._wait(entry, "save")  # an offload in flight finishes first (then it is out)
                 entry = self.moved.get(tid)
                 if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
                     self._fetch(tid, entry, urgent=True, keep_copy=True, for_op=False)
-                    self._wait(entry)
+                    self._wait(entry, "save")
                     self.stats.save_fetches += 1
                     refree.append((tid, entry))
             self._saving += 1  # NOTE [ On demand within the budget ]
@@ -1097,7 +1110,7 @@ class PlanExecutor(OpStream):
         waited = entry is None or entry.job is not None and (entry.state is Residency.FETCHING or not training)
         if entry is not None and entry.job is not None and waited:
             if training:
-                self._wait(entry)
+                self._wait(entry, "thread")
             else:
                 self._finished(entry.job)
             entry = self.moved.get(tid)
@@ -1189,7 +1202,7 @@ class PlanExecutor(OpStream):
                 if tid is None or entry is None:
                     continue
                 if entry.state is Residency.OFFLOADING and not entry.touched:
-                    self._wait(entry)  # out once written: back for the check, and out again
+                    self._wait(entry, "pointer check")  # out once written: back for the check, and out again
                     entry = self.moved.get(tid)
                     if entry is None:
                         continue
@@ -1362,7 +1375,7 @@ class PlanExecutor(OpStream):
         for tid in [t for t, _ in boundary.send_out] + left_over:
             entry = self.moved.get(tid)
             if entry is not None and entry.state is Residency.OFFLOADING:
-                self._wait(entry)
+                self._wait(entry, "boundary")
         for tid in boundary.bring_back:
             entry = self.moved.get(tid)
             if entry is None:

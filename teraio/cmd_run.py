@@ -25,6 +25,14 @@ def _mib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.1f} MiB"
 
 
+def _causes(steady: dict[str, list[float]] | None) -> str:
+    """What the waits from iteration 1 on were for (runtime.executor's ``_wait``), longest first."""
+    if not steady:
+        return ""
+    by_time = sorted(steady.items(), key=lambda kv: -kv[1][1])
+    return "; from iteration 1: " + ", ".join(f"{cause} {n:.0f} ({t * 1e3:,.1f} ms)" for cause, (n, t) in by_time)
+
+
 def _summary(r: dict[str, Any]) -> str:
     pred = r["predicted"] or {}
     lines = [
@@ -34,7 +42,7 @@ def _summary(r: dict[str, Any]) -> str:
         f"iteration time {r['measured_iteration_s'] * 1e3:,.1f} ms (median; predicted "
         f"{pred.get('predicted_iteration_us', float('nan')) / 1e3:,.1f} ms)"
         if r["measured_iteration_s"] else "no complete iteration",
-        f"stalls {r['stalls']} ({r['stall_s'] * 1e3:,.1f} ms), on-demand fetches "
+        f"stalls {r['stalls']} ({r['stall_s'] * 1e3:,.1f} ms{_causes(r.get('steady_stalls'))}), on-demand fetches "
         f"{r['on_demand_fetches']}, written {_mib(sum(r['bytes_written'].values()))}, read "
         f"{_mib(sum(r['bytes_read'].values()))}"
         + (f", {r['reused_offloads']} offloads wrote nothing (their kept copy was good)"

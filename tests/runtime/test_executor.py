@@ -269,6 +269,10 @@ def test_offloading_lowers_tracked_peak(plan: Plan) -> None:
     assert len(peaks) == 4 and ex.first_left_at is None
     stalls = ex.stats.iteration_stall_s
     assert len(stalls) == 4 and min(stalls) >= 0 and sum(stalls) <= ex.stats.stall_s + 1e-9
+    # what each wait from iteration 1 on was for: they add up to those iterations' stalls
+    causes = ex.stats.steady_stalls
+    assert set(causes) <= {"room", "late read", "fault", "offload", "boundary"}, causes
+    assert sum(s for _, s in causes.values()) == pytest.approx(sum(stalls[1:]), abs=1e-6)
     assert max(peaks[1:]) < min(plain_peaks[1:])
     assert peaks[0] < plain_peaks[0]
 
