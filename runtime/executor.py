@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.plan import Migration, Plan
 from profiles.ids import CARRIED_FLAG, LONG_BASE, PRODUCED_BASE
-from profiles.views import UNTOUCHED_MIN_BYTES
+from profiles.views import NOT_READING, UNTOUCHED_MIN_BYTES
 from runtime.backends import Backend, BackendFull
 from runtime.boundary import Ending, Schedule, at_boundary
 from runtime.engine import Job, MigrationEngine
@@ -185,10 +185,6 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
-# Ops that read none of their tensors' bytes beside the aliases (a deep copy's making of a storage:
-# NOTE [ Left over ])
-_NOT_READING = ("aten.set_", "aten.new_empty", "aten.empty_like")
-
 
 def _storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
     try:
@@ -308,7 +304,7 @@ class PlanExecutor(OpStream):
             return  # nothing freed under them (a write finished), nor brought back
         if self.engine.completed:
             self._drain()
-        if self._left_over and not (name in UNCHECKED_ALIASES or name.startswith(_NOT_READING)):  # NOTE [ Left over ]
+        if self._left_over and not (name in UNCHECKED_ALIASES or name.startswith(NOT_READING)):  # NOTE [ Left over ]
             copying = name == "aten.copy_.default"
             for tid, _, written in inputs:
                 if not (copying and written):
