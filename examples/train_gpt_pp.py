@@ -143,9 +143,10 @@ def main() -> None:
             tokens = batch(gen, args.vocab, args.batch, args.seq, "cpu").to(device)
             losses: list[torch.Tensor] = []
             opt.zero_grad(set_to_none=True)
-            inputs_ = (tokens[:, :-1],) if has_first else ()
+            # contiguous: torch 2.11's stages check an input's strides against the first one's
+            inputs_ = (tokens[:, :-1].contiguous(),) if has_first else ()
             if has_last:
-                schedule.step(*inputs_, target=tokens[:, 1:], losses=losses)
+                schedule.step(*inputs_, target=tokens[:, 1:].contiguous(), losses=losses)
             else:
                 schedule.step(*inputs_)
             opt.step()

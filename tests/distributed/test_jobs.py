@@ -92,6 +92,9 @@ def job_of(job: str, command: str, *args: str | Path, cwd: Path) -> subprocess.C
 
 @pytest.mark.parametrize("job", JOBS)
 def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(job: str, tmp_path: Path) -> None:
+    if job == "pp-zbv" and torch.__version__ < "2.13":
+        pytest.skip("torch before 2.13: ZB-V's stage set-up sends to a stage of its own rank, and gloo "
+                    "fails it with 'Pair is not connected', without teraio too (seen on 2.11)")
     script, extra = JOBS[job]
     args = [*ARGS, *extra]
     plain = start(*TORCHRUN, EXAMPLES / script, *args, "--save", tmp_path / "plain.pt", cwd=tmp_path)

@@ -1038,7 +1038,7 @@ def sent_out(ex: Any, t: torch.Tensor) -> int:
     tid = ex.ids.get(storage)
     assert tid is not None
     ex._offload(tid, storage, "ssd", urgent=True)
-    ex._wait(ex.moved[tid])
+    ex._wait(ex.moved[tid], "test")
     assert storage.nbytes() == 0
     return int(tid)
 
