@@ -311,6 +311,7 @@ class OpStream(TorchDispatchMode):
         self.labels: dict[int, tuple[str, str]] = {}  # made this iteration -> (name, kind)
         self._infos: dict[Any, OpInfo] = {}
         self._roots: list[weakref.ref[torch.nn.Module]] = []  # NOTE [ Roots ]
+        self._late_roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # NOTE [ Late roots ]
         self._module_names: dict[int, str] = {}
         self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self._stepped: set[int] = set()
@@ -543,7 +544,7 @@ class OpStream(TorchDispatchMode):
         self._boundary()
 
     def _boundary(self) -> None:
-        named, _ = persistent_names(self.roots(), self.optimizers())
+        named, _ = persistent_names(self.named_roots(), self.optimizers())
         # Storages made in this iteration that are about to get persistent names
         # (gradients with zero_grad(set_to_none=True)): their kind, for end_iteration.
         self.labels = {}
@@ -661,6 +662,8 @@ class OpStream(TorchDispatchMode):
         if not self.module_stack:  # a new root model
             roots = self.roots()
             self._roots.append(weakref.ref(module))
+            if self._steps_seen:  # NOTE [ Late roots ]
+                self._late_roots.add(module)
             prefix = f"root{len(roots)}." if roots else ""
             named = []
             for sub, m in module.named_modules():
@@ -685,6 +688,18 @@ class OpStream(TorchDispatchMode):
         if len(live) < len(self._roots):
             self._roots = [r for r in self._roots if r() is not None]
         return live
+
+    # NOTE [ Late roots ]: a root first called after an optimizer's first step (an averaged copy
+    # of the model evaluated from some step on) names nothing: its storages stay what they were
+    # before it was called (long-lived, profiles.ids), in the run as in a profile that saw it.
+    # Named, its arrival shifted the numbers of the optimizers' state (numbered after every
+    # root's storages) and renamed every parameter ``root0.*``: no iteration after it followed
+    # the plan again, each ran on demand at the plain run's peak (2.00x the budget), and its
+    # weights, which the plan moved under their long-lived ids, stayed in memory.
+    def named_roots(self) -> list[torch.nn.Module]:
+        """The live roots whose storages get persistent names: those first called before any
+        optimizer stepped (NOTE [ Late roots ])."""
+        return [m for m in self.roots() if m not in self._late_roots]
 
     def _fwd_pre(self, module: torch.nn.Module, _args: Any) -> None:
         if not self._fsdp_patched and _FSDP_PARAM in sys.modules:  # before FSDP2's own pre-hooks

@@ -489,7 +489,7 @@ class Tracer(OpStream):
     def _fingerprints(self) -> None:
         """Compare every storage alive at this boundary with its fingerprint at the boundary
         before, and take new ones (NOTE [ Writes teraio cannot see ])."""
-        named, _ = persistent_names(self.roots(), self.optimizers())
+        named, _ = persistent_names(self.named_roots(), self.optimizers())
         keyed: list[tuple[str | int, torch.UntypedStorage]] = [(pn.name, pn.storage) for pn in named]
         seen = {id(s) for _, s in keyed}
         keyed += [(id(s), s) for s in self.ids.live().values() if id(s) not in seen]

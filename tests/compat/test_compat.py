@@ -205,6 +205,21 @@ def test_a_run_resumed_from_a_checkpoint_moves_the_loaded_state(tmp_path: Path) 
     assert {m["tensor_id"] for m in teraio.plan["ranks"]["0"]} & set(state["tensor_id"]), "no moment moved"
 
 
+def test_a_model_first_called_after_the_profile_leaves_the_plan_for_that_iteration_alone(tmp_path: Path) -> None:
+    """An averaged copy first evaluated after step 5 becomes a second root module then (NOTE [
+    Late roots ] in torch_patch.opstream): before, its arrival renamed the model's parameters and
+    renumbered the optimizer's state, and every iteration after it ran on demand, at 2.00x the
+    budget; now the evaluation's iteration alone does, and the copy the plan moved is still
+    moved."""
+    plain, teraio = compare(SCRIPTS / "late_root.py", [], tmp_path)
+    assert_identical(plain, teraio)
+    assert [line for line in plain.stdout.splitlines() if line.startswith("averaged")] == \
+        [line for line in teraio.stdout.splitlines() if line.startswith("averaged")]
+    assert teraio.report is not None
+    assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [6]
+    assert_within_budget(teraio)
+
+
 def test_numpy_batches_that_cannot_be_freed_are_planned_around(tmp_path: Path) -> None:
     """The numpy-batches pattern: ``torch.from_numpy`` batches cannot be resized (freed in
     place): the profile says so, the plan never moves them, and the run is bit-identical."""
