@@ -76,7 +76,7 @@ def waits(report: dict[str, Any]) -> str:
     """The run's waits per iteration from iteration 1 on, by what each was for (``_wait`` in
     runtime/executor.py): where a GPU run's host loses its lead over the GPU."""
     per = max(len(report["iteration_s"]) - 1, 1)
-    causes = sorted(report["steady_stalls"].items(), key=lambda kv: -kv[1][1])
+    causes = sorted(report.get("steady_stalls", {}).items(), key=lambda kv: -kv[1][1])
     return "waits an iteration: " + (", ".join(f"{c} {n / per:.1f} ({s / per * 1e3:,.0f} ms)" for c, (n, s) in causes)
                                      or "none")
 

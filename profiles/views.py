@@ -72,10 +72,7 @@ def active_bytes(profile: Profile, rank: int = 0, iteration: int | None = None) 
     return out
 
 
-UNTOUCHED_MIN_BYTES = 1 << 16  # NOTE [ Untouched storages ]
-# Ops that take a storage without reading its bytes: ``set_`` (``torch.load`` rebuilds every
-# tensor with it), ``new_empty`` and ``empty_like`` (NOTE [ Left over ] in runtime.executor)
-NOT_READING = ("aten.set_", "aten.new_empty", "aten.empty_like")
+UNTOUCHED_MIN_BYTES = 1 << 16  # NOTE [ Untouched storages ], NOTE [ Random states ]
 
 
 def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = None) -> pd.DataFrame:
@@ -100,8 +97,8 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     not accessed before its ``free_op``. A storage that is alive before its
     first access in the iteration (``alloc_op == -1``) has no period for that
     stretch; one alive throughout that no op accesses has a trailing period
-    from op 0 to ``num_ops + 1`` (NOTE [ Untouched storages ]); one under 64 KiB that no op
-    reads after it is made has no trailing period (NOTE [ Written, never read ]).
+    from op 0 to ``num_ops + 1`` (NOTE [ Untouched storages ]). A ``uint8`` storage under 64
+    KiB has none (NOTE [ Random states ]).
     """
     kernels = profile.kernels_of(rank, iteration)
     num_ops = len(kernels)
@@ -110,11 +107,8 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     iter_us = float(end_us.max()) if num_ops else 0.0
 
     tensors = profile.tensors_of(rank).set_index("tensor_id")
-    accesses = profile.accesses_of(rank, iteration)
-    reading_op = ~kernels["op_name"].str.startswith(NOT_READING).to_numpy(bool)
-    read = (accesses["access"] == "read").to_numpy(bool) & reading_op[accesses["op_index"].to_numpy(np.int64)]
-    read_ids = np.unique(accesses["tensor_id"].to_numpy(np.int64)[read])  # NOTE [ Written, never read ]
-    acc = accesses[["tensor_id", "op_index"]].drop_duplicates().sort_values(["tensor_id", "op_index"])
+    acc = profile.accesses_of(rank, iteration)[["tensor_id", "op_index"]]
+    acc = acc.drop_duplicates().sort_values(["tensor_id", "op_index"])
     tid = acc["tensor_id"].to_numpy(np.int64)
     op = acc["op_index"].to_numpy(np.int64)
     row = tensors.index.get_indexer(pd.Index(tid))
@@ -145,14 +139,7 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     w = (c_res | has_old) & (wrap_end - c_last >= 2)
     periods.append((c_tid[w], c_last[w], wrap_end[w], True))
     death = np.where(c_wrap, c_free + num_ops * c_part, np.where(c_free < 0, num_ops, c_free))
-    # NOTE [ Written, never read ]: a small storage no op reads after it is made (a random state
-    # ``torch.load`` gave, which ``torch.Generator.set_state`` reads with no op teraio sees; the
-    # plan of iteration 0 sent it out at the smallest budget, and the restore failed with "data
-    # is not allocated yet") has no trailing period: it is read where teraio cannot see, or not
-    # at all, and under 64 KiB it is not worth the risk. A large one is planned as any other.
-    unread = (tensors["size_bytes"].to_numpy(np.int64)[tensors.index.get_indexer(pd.Index(c_tid))]
-              < UNTOUCHED_MIN_BYTES) & ~np.isin(c_tid, read_ids)
-    t = ~(c_res | has_old) & (death - c_last >= 2) & ~unread
+    t = ~(c_res | has_old) & (death - c_last >= 2)
     periods.append((c_tid[t], c_last[t], death[t], False))
     # NOTE [ Untouched storages ]: one alive throughout that no op of the iteration uses (a copy
     # of the initial weights kept for the end, the best weights so far) had no period, so it
@@ -174,6 +161,16 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     start_op = np.concatenate([p[1] for p in periods]).astype(np.int64)
     end_op = np.concatenate([p[2] for p in periods]).astype(np.int64)
     reads_back = np.concatenate([np.full(len(p[0]), p[3]) for p in periods]).astype(bool)
+    # NOTE [ Random states ]: a random state (a CPU generator's is a 5,056-byte uint8 tensor, a
+    # CUDA one's 16 bytes) is read by ``torch.Generator.set_state`` with no op teraio sees, a C++
+    # type that takes no patch. A resumed script's state, loaded with its checkpoint, was sent out
+    # by the plan of iteration 0 at the smallest budget, and the restore failed with "data is not
+    # allocated yet" (and where the script read it by an op first, so did a first rule that left
+    # out storages no op reads). So a uint8 storage under 64 KiB is never moved: too few bytes to
+    # matter, and the likeliest to be such a state.
+    small_bytes = ((tensors["dtype"] == "uint8") & (tensors["size_bytes"] < UNTOUCHED_MIN_BYTES)).to_numpy(bool)
+    keep = ~small_bytes[tensors.index.get_indexer(pd.Index(tensor_id))] if len(tensor_id) else np.zeros(0, bool)
+    tensor_id, start_op, end_op, reads_back = tensor_id[keep], start_op[keep], end_op[keep], reads_back[keep]
     if num_ops:
         next_start = start_us[end_op % num_ops] + (end_op // num_ops) * iter_us
         duration = next_start - end_us[start_op]

@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.plan import Migration, Plan
 from profiles.ids import CARRIED_FLAG, LONG_BASE, PRODUCED_BASE
-from profiles.views import NOT_READING, UNTOUCHED_MIN_BYTES
+from profiles.views import UNTOUCHED_MIN_BYTES
 from runtime.backends import Backend, BackendFull
 from runtime.boundary import Ending, Schedule, at_boundary
 from runtime.engine import Job, MigrationEngine
@@ -186,6 +186,11 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 
+# Ops that read none of their tensors' bytes beside the aliases (a deep copy's making of a storage:
+# NOTE [ Left over ])
+_NOT_READING = ("aten.set_", "aten.new_empty", "aten.empty_like")
+
+
 def _storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
     try:
         return t.untyped_storage()
@@ -304,7 +309,7 @@ class PlanExecutor(OpStream):
             return  # nothing freed under them (a write finished), nor brought back
         if self.engine.completed:
             self._drain()
-        if self._left_over and not (name in UNCHECKED_ALIASES or name.startswith(NOT_READING)):  # NOTE [ Left over ]
+        if self._left_over and not (name in UNCHECKED_ALIASES or name.startswith(_NOT_READING)):  # NOTE [ Left over ]
             copying = name == "aten.copy_.default"
             for tid, _, written in inputs:
                 if not (copying and written):
@@ -624,9 +629,10 @@ class PlanExecutor(OpStream):
 
     def _wait(self, entry: _Entry, cause: str) -> None:
         """Wait for ``entry``'s transfer, a stall counted under ``cause``: ``room`` (an op or a
-        prefetch waits for a write to free its bytes), ``late read`` (a read the plan started is
-        not done when an op uses it), ``fault`` (a read on demand), ``offload`` (a new offload
-        waits for the last transfer of its tensor), ``boundary``, ``save``, ``thread``, ``pointer check``."""
+        prefetch waits for a write to free its bytes), ``late read`` (a read started before, by
+        the plan or on demand, is not done when an op uses it), ``fault`` (a read on demand
+        started then), ``offload`` (a new offload waits for the last transfer of its tensor),
+        ``boundary``, ``save`` (a torch.save on the training thread), ``pointer check``."""
         job = entry.job
         if job is None:
             return
@@ -1106,7 +1112,7 @@ class PlanExecutor(OpStream):
         waited = entry is None or entry.job is not None and (entry.state is Residency.FETCHING or not training)
         if entry is not None and entry.job is not None and waited:
             if training:
-                self._wait(entry, "thread")
+                self._wait(entry, "save")
             else:
                 self._finished(entry.job)
             entry = self.moved.get(tid)

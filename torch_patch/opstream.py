@@ -661,9 +661,9 @@ class OpStream(TorchDispatchMode):
             return name
         if not self.module_stack:  # a new root model
             roots = self.roots()
-            self._roots.append(weakref.ref(module))
-            if self._steps_seen:  # NOTE [ Late roots ]
+            if self._steps_seen and self.named_roots():  # NOTE [ Late roots ]
                 self._late_roots.add(module)
+            self._roots.append(weakref.ref(module))
             prefix = f"root{len(roots)}." if roots else ""
             named = []
             for sub, m in module.named_modules():
@@ -689,17 +689,24 @@ class OpStream(TorchDispatchMode):
             self._roots = [r for r in self._roots if r() is not None]
         return live
 
-    # NOTE [ Late roots ]: a root first called after an optimizer's first step (an averaged copy
-    # of the model evaluated from some step on) names nothing: its storages stay what they were
-    # before it was called (long-lived, profiles.ids), in the run as in a profile that saw it.
-    # Named, its arrival shifted the numbers of the optimizers' state (numbered after every
-    # root's storages) and renamed every parameter ``root0.*``: no iteration after it followed
-    # the plan again, each ran on demand at the plain run's peak (2.00x the budget), and its
-    # weights, which the plan moved under their long-lived ids, stayed in memory.
+    # NOTE [ Late roots ]: a root first called after an optimizer's first step while a named
+    # root lives (an averaged copy of the model evaluated from some step on) names nothing: its
+    # storages stay what they were before it was called (long-lived, profiles.ids), in the run
+    # as in a profile that saw it. Named, its arrival shifted the numbers of the optimizers'
+    # state (numbered after every root's storages) and renamed every parameter ``root0.*``: no
+    # iteration after it followed the plan again, each ran on demand at the plain run's peak
+    # (2.00x the budget), and its weights, which the plan moved under their long-lived ids,
+    # stayed in memory. A model that replaces the one before (rebuilt to resume, a new fold of
+    # k-fold training) is called once the old one is gone, so it is named as that one was; where
+    # the old one lived on when it was first called, it is named once no named root is left.
     def named_roots(self) -> list[torch.nn.Module]:
-        """The live roots whose storages get persistent names: those first called before any
-        optimizer stepped (NOTE [ Late roots ])."""
-        return [m for m in self.roots() if m not in self._late_roots]
+        """The live roots whose storages get persistent names (NOTE [ Late roots ])."""
+        roots = self.roots()
+        named = [m for m in roots if m not in self._late_roots]
+        if roots and not named:  # the named ones are gone: the late ones take their place
+            self._late_roots = weakref.WeakSet()
+            return roots
+        return named
 
     def _fwd_pre(self, module: torch.nn.Module, _args: Any) -> None:
         if not self._fsdp_patched and _FSDP_PARAM in sys.modules:  # before FSDP2's own pre-hooks

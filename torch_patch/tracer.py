@@ -410,12 +410,11 @@ class Tracer(OpStream):
 
     # A storage on the meta device has a size and no memory (a module skeleton that
     # ``torch.func.functional_call`` runs with real weights): it counts as empty. Under fake mode
-    # (torch_patch.fake) every storage is a meta one standing for the device's memory.
-    meta_is_memory = False
-
+    # every storage is a meta one standing for the device's memory (NOTE [ The script's meta
+    # tensors ] in torch_patch.fake).
     def _bytes(self, storage: torch.UntypedStorage) -> int:
         """The memory ``storage`` holds."""
-        return 0 if storage.device.type == "meta" and not self.meta_is_memory else storage.nbytes()
+        return 0 if storage.device.type == "meta" else storage.nbytes()
 
     def _note(self, tid: int, t: torch.Tensor, storage: torch.UntypedStorage | None) -> None:
         """Size, dtype and resizability of ``tid``, whose storage is ``storage`` (None: an input's

@@ -220,6 +220,18 @@ def test_a_model_first_called_after_the_profile_leaves_the_plan_for_that_iterati
     assert_within_budget(teraio)
 
 
+def test_a_model_built_anew_for_each_fold_is_named_as_the_one_it_replaces(tmp_path: Path) -> None:
+    """k-fold training (NOTE [ Late roots ]): the second fold's model, first called after the
+    first fold's steps, replaces the first; its first iteration runs on demand, the rest follow
+    the plan (a first version of the late roots' rule left it unnamed, and every iteration
+    after it ran on demand at 1.63x the budget)."""
+    plain, teraio = compare(SCRIPTS / "new_model.py", [], tmp_path)
+    assert_identical(plain, teraio)
+    assert teraio.report is not None
+    assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [5]
+    assert_within_budget(teraio)
+
+
 def test_numpy_batches_that_cannot_be_freed_are_planned_around(tmp_path: Path) -> None:
     """The numpy-batches pattern: ``torch.from_numpy`` batches cannot be resized (freed in
     place): the profile says so, the plan never moves them, and the run is bit-identical."""

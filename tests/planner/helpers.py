@@ -10,7 +10,7 @@ from planner.simulate import simulate
 from profiles import Profile
 
 
-def make_profile(durations: list[float], tensors: list[dict], accesses: list[tuple[int, int] | tuple[int, int, str]],
+def make_profile(durations: list[float], tensors: list[dict], accesses: list[tuple[int, int]],
                  phases: list[str] | None = None, modules: list[str | None] | None = None,
                  access: str = "write") -> Profile:
     """A one-rank, one-iteration profile.
@@ -18,9 +18,7 @@ def make_profile(durations: list[float], tensors: list[dict], accesses: list[tup
     ``tensors``: dicts with tensor_id, size_bytes and optionally kind, persistent,
     alloc_op, free_op (default: persistent, alive all iteration). ``accesses``:
     (op_index, tensor_id) pairs, all of kind ``access``: by default writes, so that no period is
-    unchanged (NOTE [ Unchanged periods ] in ``planner.problem``) unless a test asks for reads;
-    or (op_index, tensor_id, kind) triples. A storage under 64 KiB no op reads has no trailing
-    period (NOTE [ Written, never read ] in ``profiles.views``).
+    unchanged (NOTE [ Unchanged periods ] in ``planner.problem``) unless a test asks for reads.
     """
     n = len(durations)
     starts = [sum(durations[:i]) for i in range(n)]
@@ -32,8 +30,7 @@ def make_profile(durations: list[float], tensors: list[dict], accesses: list[tup
     rows = [{"rank": 0, "kind": "activation", "dtype": "float32", "name": None, "persistent": True,
              "alloc_op": -1, "free_op": -1, **t} for t in tensors]
     accs = pd.DataFrame({"rank": 0, "iteration": 1, "op_index": [a[0] for a in accesses],
-                         "tensor_id": [a[1] for a in accesses],
-                         "access": [a[2] if len(a) == 3 else access for a in accesses]})
+                         "tensor_id": [a[1] for a in accesses], "access": access})
     return Profile(meta={"signature": "test"}, kernels=kernels, tensors=pd.DataFrame(rows), accesses=accs)
 
 

@@ -88,7 +88,7 @@ def test_a_trailing_host_copy_is_held_through_the_op_its_storage_dies_at() -> No
     """T (100 B) dies at op 4 after its last use at op 0; U (100 B) is idle over ops 4-7.
     The simulator starts op 4's offloads before it drops T's copy, so with room for one
     100 B copy on the host T and U's offload at op 4 cannot both go there."""
-    accesses = [(0, 0, "read"), (3, 1), (8, 1), (5, 2), (6, 2)] + [(k, 3) for k in range(10)]
+    accesses = [(0, 0), (3, 1), (8, 1), (5, 2), (6, 2)] + [(k, 3) for k in range(10)]
     profile = make_profile([100.0] * 10, [
         {"tensor_id": 0, "size_bytes": 100, "persistent": False, "alloc_op": 0, "free_op": 4},
         {"tensor_id": 1, "size_bytes": 100},

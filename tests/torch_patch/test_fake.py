@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from profiles import Profile, live_intervals
+from profiles import Profile, live_intervals, memory_curve
 from tests.conftest import EXAMPLE, SMALL_GPT
-from torch_patch import ProfileComplete, Tracer, run_script
+from torch_patch import ProfileComplete, Tracer, mark_iteration, run_script
 from torch_patch.builtin_train import TrainConfig, train
 from torch_patch.costmodel import RooflineCostModel
 from torch_patch.devices import DEVICES, get_device
@@ -183,6 +183,26 @@ def test_module_to_works_on_fake_models() -> None:
         m = torch.nn.Linear(4, 4)
         m.to(torch.float64)  # swap_tensors: see NOTE [ Fake outputs without memo ]
         assert m.weight.dtype == torch.float64
+
+
+def test_a_tensor_the_script_puts_on_meta_is_no_memory_in_fake_mode_either() -> None:
+    """NOTE [ The script's meta tensors ] in torch_patch.fake: a script's own 1 MiB meta tensor,
+    kept through the loop, counts as nothing, as in a real profile; the fake model's tensors
+    (meta storages too) count. Before, the fake profile's peak had the 1 MiB in it."""
+    def loop() -> None:
+        model = torch.nn.Linear(64, 64)
+        placeholder = torch.ones(1 << 18).to("meta")  # 1 MiB of float32, no memory
+        for _ in range(4):
+            model(torch.ones(8, 64)).sum().backward()
+            mark_iteration()
+        del placeholder
+
+    peaks = {}
+    for tracer in (Tracer(iters=2), FakeTracer(RooflineCostModel(H100), iters=2)):
+        with pytest.raises(ProfileComplete), tracer:
+            loop()
+        peaks[type(tracer).__name__] = int(memory_curve(tracer.profile({})).max())
+    assert 0 < peaks["FakeTracer"] == peaks["Tracer"] < 1 << 18, peaks
 
 
 def test_optimizer_in_backward_frees_each_gradient_after_its_step() -> None:

@@ -22,6 +22,7 @@ if args.resume and os.path.exists(args.resume):
     checkpoint = torch.load(args.resume)
     model.load_state_dict(checkpoint["model"])
     opt.load_state_dict(checkpoint["opt"])  # keeps the loaded moments as they are
+    print(f"resumed state sum {int(checkpoint['gen'].sum())}", flush=True)  # read by an op, then
     with torch.no_grad():
         held_out = torch.randn(512, 128, generator=torch.Generator().manual_seed(9))
         print(f"resumed eval {model(held_out).square().mean().item()!r}", flush=True)
