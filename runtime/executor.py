@@ -185,7 +185,6 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
-
 # Ops that read none of their tensors' bytes beside the aliases (a deep copy's making of a storage:
 # NOTE [ Left over ])
 _NOT_READING = ("aten.set_", "aten.new_empty", "aten.empty_like")
