@@ -707,7 +707,8 @@ class PlanExecutor(OpStream):
     # read), one another thread reads through torch.save, tolist or a deep copy, and nothing while
     # a torch.save on this thread runs (its pickling runs ``detach`` ops, and may make tensors
     # the save then writes: sent out, a checkpoint held empty records), nor one smaller than a
-    # thousandth of the budget (at most 1 MiB): too few bytes to matter, and small ones are what
+    # thousandth of the budget (at most 1 MiB; never under 8 KiB, which keeps a random state in:
+    # NOTE [ Random states ] in profiles.views): too few bytes to matter, and small ones are what
     # C++ code fills and reads through pointers between ops (DDP's Reducer its bucket indices,
     # when ``static_graph`` or a rebuild syncs them: sent out, a rank failed with "received
     # invalid bucket_size"). Every such offload writes (no copy is kept or reused: a write on
@@ -734,7 +735,7 @@ class PlanExecutor(OpStream):
             return
         sizes, used_at, evictable, transient = self.sizes, self._used_at, self._evictable, self._evict_transient
         busy = self._busy | self._busy_before
-        least = min(budget >> 10, 1 << 20)
+        least = max(min(budget >> 10, 1 << 20), 8 << 10)  # none under 8 KiB: NOTE [ Random states ]
         idle = [tid for tid in sizes if sizes[tid] >= least and tid not in used and tid not in busy
                 and tid not in self.moved and (tid in evictable or transient and PRODUCED_BASE <= tid < LONG_BASE)]
         for tid in sorted(idle, key=lambda t: (used_at.get(t, 0), -sizes[t])):

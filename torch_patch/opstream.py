@@ -699,6 +699,10 @@ class OpStream(TorchDispatchMode):
     # stayed in memory. A model that replaces the one before (rebuilt to resume, a new fold of
     # k-fold training) is called once the old one is gone, so it is named as that one was; where
     # the old one lived on when it was first called, it is named once no named root is left.
+    # Not handled: another root that lives on (a loss module called as a root: the new model's
+    # names then differ, ``root1.*`` for ``root0.*``, as before this rule; the old model kept for
+    # an ensemble: the plan's names bind to its idle weights). Profile past the change there
+    # (``teraio profile --warmup``).
     def named_roots(self) -> list[torch.nn.Module]:
         """The live roots whose storages get persistent names (NOTE [ Late roots ])."""
         roots = self.roots()
