@@ -138,6 +138,7 @@ class StorageIds:
         self._keys: dict[int, int] = {}  # tensor id -> id(UntypedStorage), the latest one
         self._thread = threading.get_ident()  # the thread dispatching ops
         self._pending: deque[tuple[int, _Slot]] = deque()
+        self._queued = threading.Event()  # set as a free is queued
         self.on_free = on_free
 
     def __len__(self) -> int:
@@ -182,6 +183,7 @@ class StorageIds:
             return  # released or moved before it died
         if threading.get_ident() != self._thread:
             self._pending.append((key, slot))  # NOTE [ Frees on other threads ]
+            self._queued.set()
         else:
             self._free(key, slot)
 
@@ -209,6 +211,7 @@ class StorageIds:
             return None
         if threading.get_ident() != self._thread:
             self._pending.append((id(storage), slot))
+            self._queued.set()
         else:
             self._free(id(storage), slot)
         return slot.tid
@@ -237,6 +240,18 @@ class StorageIds:
             return False
         self.drain()
         return True
+
+    def await_free(self, timeout: float) -> bool:
+        """On the dispatching thread: wait up to ``timeout`` seconds, without the GIL, for a
+        free queued on another thread, and apply what came; whether anything did."""
+        if threading.get_ident() != self._thread:
+            return False
+        self._queued.clear()
+        if not self._pending:
+            self._queued.wait(timeout)
+        came = bool(self._pending)
+        self.drain()
+        return came
 
     def live(self) -> dict[int, torch.UntypedStorage]:
         """Tensor id -> storage of every tracked storage still alive."""

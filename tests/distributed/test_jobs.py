@@ -138,16 +138,15 @@ def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(jo
     report = json.loads((tmp_path / "run.json").read_text())
     assert report["world_size"] == 2 and set(report["ranks"]) == {"0", "1"}
     # A communication hook's compressed buckets live until both ranks have sent them and gloo has
-    # run the hook's callback, later under teraio than in the profile when the other rank is behind:
-    # a rank 1 had five the profile had freed (182,784 bytes) alive at op 504, and peaked at 1.085x
-    # its 3.4 MB budget. Allow four 0.05 MiB buckets in flight (found, not fixed: the runtime does
-    # not wait for a collective's buffers to go before it goes over the budget)
-    in_flight = 4 * int(0.05 * 2**20) if "--comm-hook" in extra else 0
+    # run the hook's callback, later under teraio than in the profile when the other rank is behind
+    # (a rank 1 had five the profile had freed alive at op 504, and peaked at 1.085x its budget),
+    # and so does FSDP2's reduce-scatter input (1.055x once in CI): NOTE [ Buffers of collectives in
+    # flight ] in runtime.executor
     for rank, rr in report["ranks"].items():
         assert sum(rr["bytes_written"].values()) > 0, f"rank {rank} moved nothing"
         peaks = [p for i, (p, f) in enumerate(zip(rr["iteration_peak_bytes"], rr["iteration_followed"],
                                                    strict=True)) if i and f]
-        assert peaks and max(peaks) <= budget * 1.05 + in_flight, (rank, budget, rr["iteration_peak_bytes"])
+        assert peaks and max(peaks) <= budget * 1.05, (rank, budget, rr["iteration_peak_bytes"])
     assert not list(tmp_path.glob("teraio-swap-*"))
 
     if job == "ddp":  # a plan of a job of 2 is refused by a single process, with what to do
