@@ -50,6 +50,11 @@ class PersistentName:
     storage: torch.UntypedStorage
 
 
+def holds_state(module: torch.nn.Module) -> bool:
+    """Whether ``module`` or one inside it has a parameter or a buffer."""
+    return next(module.parameters(), None) is not None or next(module.buffers(), None) is not None
+
+
 def persistent_names(
     roots: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]
 ) -> tuple[list[PersistentName], dict[int, str]]:
@@ -57,9 +62,10 @@ def persistent_names(
 
     Order: each root module's parameters then buffers; then, per optimizer and
     parameter in group order, its state tensors by sorted key and its gradient.
-    A storage shared by several names (tied weights) keeps the first.
+    A storage shared by several names (tied weights) keeps the first. A root that holds no
+    parameter or buffer (a loss module) is not counted (NOTE [ Late roots ] in opstream).
     """
-    roots = list(roots)
+    roots = [r for r in roots if holds_state(r)]
     out: list[PersistentName] = []
     seen: set[int] = set()
     param_names: dict[int, str] = {}

@@ -83,6 +83,7 @@ from torch_patch.identity import (
     PRODUCED_BASE,
     StorageIds,
     deliver_owed_signal,
+    holds_state,
     input_id,
     long_id,
     owed_signals,
@@ -660,8 +661,8 @@ class OpStream(TorchDispatchMode):
         if name is not None:
             return name
         if not self.module_stack:  # a new root model
-            roots = self.roots()
-            if self._steps_seen and self.named_roots():  # NOTE [ Late roots ]
+            roots = [m for m in self.roots() if holds_state(m)]
+            if self._steps_seen and any(m not in self._late_roots for m in roots):  # NOTE [ Late roots ]
                 self._late_roots.add(module)
             self._roots.append(weakref.ref(module))
             prefix = f"root{len(roots)}." if roots else ""
@@ -699,15 +700,18 @@ class OpStream(TorchDispatchMode):
     # stayed in memory. A model that replaces the one before (rebuilt to resume, a new fold of
     # k-fold training) is called once the old one is gone, so it is named as that one was; where
     # the old one lived on when it was first called, it is named once no named root is left.
-    # Not handled: another root that lives on (a loss module called as a root: the new model's
-    # names then differ, ``root1.*`` for ``root0.*``, as before this rule; the old model kept for
-    # an ensemble: the plan's names bind to its idle weights). Profile past the change there
-    # (``teraio profile --warmup``).
+    # A root that holds no parameter or buffer (a loss module called as one) counts for
+    # neither, and takes no number in the names (``persistent_names``): with k-fold training's
+    # loss module alive, each new fold's model was late, and every iteration after the first
+    # fold ran on demand at 1.65x the budget. Not handled: another root with state that lives
+    # on (the old model kept for an ensemble: the plan's names bind to its idle weights).
+    # Profile past the change there (``teraio profile --warmup``).
     def named_roots(self) -> list[torch.nn.Module]:
         """The live roots whose storages get persistent names (NOTE [ Late roots ])."""
         roots = self.roots()
         named = [m for m in roots if m not in self._late_roots]
-        if roots and not named:  # the named ones are gone: the late ones take their place
+        if self._late_roots and not any(holds_state(m) for m in named):  # the named ones are gone:
+            # the late ones take their place
             self._late_roots = weakref.WeakSet()
             return roots
         return named
