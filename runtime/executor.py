@@ -66,7 +66,7 @@ _REFUSE_AFTER = 2
 # A transfer that takes longer than this (plus 1 s per 10 MB) ends the run with an error:
 # no wait can last for ever.
 _TRANSFER_TIMEOUT_S = 600.0
-_COLLECTIVE_WAIT_S = 1.0  # NOTE [ Buffers of collectives in flight ]
+_COLLECTIVE_WAIT_S = 0.5  # an iteration's waits, in all: NOTE [ Buffers of collectives in flight ]
 # Ops that alias their input's storage and read none of its bytes (NOTE [ Streamed saves ])
 _ONLY_ALIAS = frozenset({"aten.detach.default", "aten.alias.default"})
 
@@ -269,8 +269,8 @@ class PlanExecutor(OpStream):
         self._clock = 0
         self._busy: set[int] = set()  # used by a collective in this iteration
         self._busy_before: set[int] = set()  # and in the one before (renamed at the boundary)
-        self._in_collective: set[int] = set()  # made in this iteration, used by a collective since
-        self._waited_out = False  # a wait for them timed out in this iteration
+        self._in_collective: set[int] = set()  # of this iteration, used by a collective since
+        self._collective_wait_left = _COLLECTIVE_WAIT_S  # in this iteration
         self._spill = "ssd" if "ssd" in backends else "host"
         # the device whose memory the budget holds: a CUDA run's CPU tensors (a pinned batch an
         # asynchronous copy may still read) are not sent out on demand
@@ -298,6 +298,9 @@ class PlanExecutor(OpStream):
             return func(*args, **kwargs)
         with self._lock:
             self._before_op(index, func, inputs)
+            short = self._short_of_room(index)
+        if short:  # without the lock, which the thread that frees may need
+            self._await_collectives(short)
         return func(*args, **kwargs)
 
     def _before_op(self, index: int, func: Any, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
@@ -695,10 +698,7 @@ class PlanExecutor(OpStream):
             before = self.stats.tracked_bytes
             time.sleep(0)  # NOTE [ Frees that wait for the GIL ]
             if not self.ids.drain_here():  # a checkpoint writer's thread: its frees are not its to apply
-                return
-        if for_op and self.schedule is not None and not self._waited_out \
-                and self.stats.tracked_bytes + nbytes > budget:
-            self._await_collectives(nbytes, budget)
+                break
 
     # NOTE [ Buffers of collectives in flight ]: a collective's buffer is freed once the
     # collective is done, on gloo's worker thread where it holds the last reference, and that
@@ -708,26 +708,47 @@ class PlanExecutor(OpStream):
     # test_jobs.py's FSDP2 job went 5.5% over its 2,298,128-byte budget once in CI, and 3% over
     # in 1 of about 25 runs here beside part of the test suite; DDP's fp16-compressed buckets
     # took a rank to 1.085x so. So where memory is still over the budget before an op of a
-    # followed iteration, and a storage made in it that a collective used is alive, the op waits
-    # (without the GIL) for frees from other threads until it fits or none such is alive, as
-    # the other ranks catch up: beside the same load, the FSDP2 job waited so in 7 of 37 runs
-    # (0.1-6 ms each) and went over in none; the DDP job with the hook waited 1-18 times a run
-    # (0.06-0.27 s in all) and went over in none of 15. At most ``_COLLECTIVE_WAIT_S``, and
-    # after a wait that long no more in that iteration: the buffer may be alive for a reason of
-    # the script's own (kept, or handed on), and then the iteration goes over its budget.
-    def _await_collectives(self, nbytes: int, budget: int) -> None:
+    # followed iteration, and a storage of this iteration that a collective used is alive with
+    # its bytes in memory, the op waits for frees from other threads, as the other ranks catch
+    # up, until it fits or no such storage is left: beside the same load the FSDP2 job waited so
+    # in 7 of 37 runs (0.1-6 ms each) and went over in none; the DDP job with the hook waited
+    # 1-18 times a run (0.06-0.27 s in all) and went over in none of 15. It waits without the
+    # executor's lock, which a thread of the script's own that reads the buffer before it drops
+    # it needs. At most ``_COLLECTIVE_WAIT_S`` in an iteration: a buffer the script keeps (a
+    # batch broadcast to every rank, a metric) is alive for a reason of its own, and then the
+    # iteration goes over its budget, as before, having waited that long.
+    def _short_of_room(self, index: int) -> int:
+        """The bytes op ``index`` allocates where they do not fit and a collective's buffer may
+        still be freed (NOTE [ Buffers of collectives in flight ]); else 0."""
+        schedule = self.schedule
+        if (not self._in_collective or self._collective_wait_left <= 0 or schedule is None
+                or schedule.budget_bytes is None or index >= len(schedule.made_bytes)):
+            return 0
+        made = schedule.made_bytes[index]
+        return made if made and self.stats.tracked_bytes + made > schedule.budget_bytes else 0
+
+    def _await_collectives(self, nbytes: int) -> None:
+        schedule = self.schedule
+        assert schedule is not None and schedule.budget_bytes is not None
         t0 = time.perf_counter()
-        deadline, waited = t0 + _COLLECTIVE_WAIT_S, False
-        while self.stats.tracked_bytes + nbytes > budget:
-            self._in_collective = {t for t in self._in_collective if self.ids.storage(t) is not None}
+        deadline, waited = t0 + self._collective_wait_left, False
+        while self.ids.drain_here() and self.stats.tracked_bytes + nbytes > schedule.budget_bytes:
+            self._in_collective = {t for t in self._in_collective if self._bytes_in_memory(t)}
             if not self._in_collective:
                 break
             waited = True
             if not self.ids.await_free(deadline - time.perf_counter()):  # none came in time
-                self._waited_out = True
                 break
         if waited:
-            self._stalled("collective", time.perf_counter() - t0)
+            spent = time.perf_counter() - t0
+            self._collective_wait_left -= spent
+            with self._lock:
+                self._stalled("collective", spent)
+
+    def _bytes_in_memory(self, tid: int) -> bool:
+        """Whether ``tid`` is alive with its bytes in memory."""
+        entry = self.moved.get(tid)
+        return self.ids.storage(tid) is not None and (entry is None or entry.state is Residency.OFFLOADING)
 
     # NOTE [ On demand within the budget ]: an iteration that leaves its plan (an evaluation
     # between steps, a checkpoint, a step whose ops differ) runs on demand: what an op uses comes
@@ -1350,7 +1371,7 @@ class PlanExecutor(OpStream):
         self._first_other_size = None
         self._busy_before, self._busy = self._busy, set()
         self._in_collective.clear()
-        self._waited_out = False
+        self._collective_wait_left = _COLLECTIVE_WAIT_S
         self._used_at.clear()
         if schedule is None:
             self._ending = Ending.ON_DEMAND

@@ -50,9 +50,12 @@ class PersistentName:
     storage: torch.UntypedStorage
 
 
-def holds_state(module: torch.nn.Module) -> bool:
-    """Whether ``module`` or one inside it has a parameter or a buffer."""
-    return next(module.parameters(), None) is not None or next(module.buffers(), None) is not None
+_POLL_S = 2e-4  # ``StorageIds.await_free``'s
+
+
+def has_parameters(module: torch.nn.Module) -> bool:
+    """Whether ``module`` or one inside it has a parameter."""
+    return next(module.parameters(), None) is not None
 
 
 def persistent_names(
@@ -62,10 +65,11 @@ def persistent_names(
 
     Order: each root module's parameters then buffers; then, per optimizer and
     parameter in group order, its state tensors by sorted key and its gradient.
-    A storage shared by several names (tied weights) keeps the first. A root that holds no
-    parameter or buffer (a loss module) is not counted (NOTE [ Late roots ] in opstream).
+    A storage shared by several names (tied weights) keeps the first. A root with no parameter
+    (a loss module, a weighted one's weights a buffer) is not counted (NOTE [ Late roots ] in
+    opstream): its buffers are long-lived storages, named by no one.
     """
-    roots = [r for r in roots if holds_state(r)]
+    roots = [r for r in roots if has_parameters(r)]
     out: list[PersistentName] = []
     seen: set[int] = set()
     param_names: dict[int, str] = {}
@@ -144,7 +148,6 @@ class StorageIds:
         self._keys: dict[int, int] = {}  # tensor id -> id(UntypedStorage), the latest one
         self._thread = threading.get_ident()  # the thread dispatching ops
         self._pending: deque[tuple[int, _Slot]] = deque()
-        self._queued = threading.Event()  # set as a free is queued
         self.on_free = on_free
 
     def __len__(self) -> int:
@@ -189,7 +192,6 @@ class StorageIds:
             return  # released or moved before it died
         if threading.get_ident() != self._thread:
             self._pending.append((key, slot))  # NOTE [ Frees on other threads ]
-            self._queued.set()
         else:
             self._free(key, slot)
 
@@ -217,7 +219,6 @@ class StorageIds:
             return None
         if threading.get_ident() != self._thread:
             self._pending.append((id(storage), slot))
-            self._queued.set()
         else:
             self._free(id(storage), slot)
         return slot.tid
@@ -249,12 +250,14 @@ class StorageIds:
 
     def await_free(self, timeout: float) -> bool:
         """On the dispatching thread: wait up to ``timeout`` seconds, without the GIL, for a
-        free queued on another thread, and apply what came; whether anything did."""
+        free queued on another thread, and apply what came; whether anything did. (It polls:
+        a lock or an event set in the free callback could be taken again there, by a free the
+        collector runs inside it, and hang the thread.)"""
         if threading.get_ident() != self._thread:
             return False
-        self._queued.clear()
-        if not self._pending:
-            self._queued.wait(timeout)
+        deadline = time.perf_counter() + timeout
+        while not self._pending and time.perf_counter() < deadline:
+            time.sleep(_POLL_S)
         came = bool(self._pending)
         self.drain()
         return came

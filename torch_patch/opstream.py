@@ -83,7 +83,7 @@ from torch_patch.identity import (
     PRODUCED_BASE,
     StorageIds,
     deliver_owed_signal,
-    holds_state,
+    has_parameters,
     input_id,
     long_id,
     owed_signals,
@@ -661,7 +661,7 @@ class OpStream(TorchDispatchMode):
         if name is not None:
             return name
         if not self.module_stack:  # a new root model
-            roots = [m for m in self.roots() if holds_state(m)]
+            roots = [m for m in self.roots() if has_parameters(m)]
             if self._steps_seen and any(m not in self._late_roots for m in roots):  # NOTE [ Late roots ]
                 self._late_roots.add(module)
             self._roots.append(weakref.ref(module))
@@ -700,17 +700,17 @@ class OpStream(TorchDispatchMode):
     # stayed in memory. A model that replaces the one before (rebuilt to resume, a new fold of
     # k-fold training) is called once the old one is gone, so it is named as that one was; where
     # the old one lived on when it was first called, it is named once no named root is left.
-    # A root that holds no parameter or buffer (a loss module called as one) counts for
-    # neither, and takes no number in the names (``persistent_names``): with k-fold training's
-    # loss module alive, each new fold's model was late, and every iteration after the first
-    # fold ran on demand at 1.65x the budget. Not handled: another root with state that lives
+    # A root with no parameter (a loss module called as one, a weighted one's weights a buffer)
+    # counts for neither, and takes no number in the names (``persistent_names``): with k-fold
+    # training's loss module alive, each new fold's model was late, and every iteration after
+    # the first fold ran on demand at 1.65x the budget. Not handled: another root with state that lives
     # on (the old model kept for an ensemble: the plan's names bind to its idle weights).
     # Profile past the change there (``teraio profile --warmup``).
     def named_roots(self) -> list[torch.nn.Module]:
         """The live roots whose storages get persistent names (NOTE [ Late roots ])."""
         roots = self.roots()
         named = [m for m in roots if m not in self._late_roots]
-        if self._late_roots and not any(holds_state(m) for m in named):  # the named ones are gone:
+        if self._late_roots and not any(has_parameters(m) for m in named):  # the named ones are gone:
             # the late ones take their place
             self._late_roots = weakref.WeakSet()
             return roots

@@ -220,14 +220,15 @@ def test_a_model_first_called_after_the_profile_leaves_the_plan_for_that_iterati
     assert_within_budget(teraio)
 
 
-@pytest.mark.parametrize("criterion", [False, True])
-def test_a_model_built_anew_for_each_fold_is_named_as_the_one_it_replaces(criterion: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize("criterion", ["function", "module", "weighted"])
+def test_a_model_built_anew_for_each_fold_is_named_as_the_one_it_replaces(criterion: str, tmp_path: Path) -> None:
     """k-fold training (NOTE [ Late roots ]): the second fold's model, first called after the
     first fold's steps, replaces the first; its first iteration runs on demand, the rest follow
     the plan (a first version of the late roots' rule left it unnamed, and every iteration
     after it ran on demand at 1.63x the budget). So with a loss module called as a root of its
-    own, which holds no state (before: the new model was late while it lived, 1.65x)."""
-    plain, teraio = compare(SCRIPTS / "new_model.py", ["--criterion"] if criterion else [], tmp_path)
+    own, which has no parameter, weighted or not (before: the new model was late while it
+    lived, 1.65x)."""
+    plain, teraio = compare(SCRIPTS / "new_model.py", ["--criterion", criterion], tmp_path)
     assert_identical(plain, teraio)
     assert teraio.report is not None
     assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [5]

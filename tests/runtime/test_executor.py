@@ -1213,10 +1213,11 @@ def test_what_a_thread_of_the_scripts_own_brought_back_goes_out_again(profiled: 
     assert norms[1] == norms[0] and out_after == [True]
 
 
-def collective_train(steps: int, delay: float) -> tuple[list[float], list[torch.Tensor]]:
+def collective_train(steps: int, delay: float, read: bool = False) -> tuple[list[float], list[torch.Tensor]]:
     """``train``'s model, with a 1 MiB buffer all-reduced each step (a group of one) whose last
     reference a thread of the script's own drops ``delay`` seconds later (0: before the next
-    op), as gloo's worker drops a collective's buffer once the other ranks reach it."""
+    op), as gloo's worker drops a collective's buffer once the other ranks reach it; with
+    ``read``, the thread sums the buffer first (an op, on its thread)."""
     import time
 
     import torch.distributed as dist
@@ -1227,7 +1228,7 @@ def collective_train(steps: int, delay: float) -> tuple[list[float], list[torch.
         loss = model(torch.randn(64, 32, generator=gen)).square().mean()
         buf = torch.full((1 << 18,), loss.item())
         dist.all_reduce(buf, async_op=True).wait()
-        threads.append(threading.Thread(target=lambda b=buf: time.sleep(delay)))
+        threads.append(threading.Thread(target=lambda b=buf: (time.sleep(delay), read and b.sum())))
         threads[-1].start()
         del buf
         if not delay:
@@ -1242,11 +1243,14 @@ def collective_train(steps: int, delay: float) -> tuple[list[float], list[torch.
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
-def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(tmp_path: Path) -> None:
+@pytest.mark.parametrize("read", [False, True])
+def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(read: bool, tmp_path: Path) -> None:
     """NOTE [ Buffers of collectives in flight ]: the free of a buffer a collective used comes
     from another thread, later under teraio than in the profile (the other ranks are behind): the
     next op that allocates waits for it, not over the budget (the plan's budget of one byte: it
-    waits for it whatever it allocates). Without the wait the iteration peaked 1 MiB higher."""
+    waits for it whatever it allocates). Without the wait the iteration peaked 1 MiB higher; with
+    the thread reading the buffer first, a wait that held the executor's lock blocked that read
+    until it gave up, and the iteration went over all the same."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -1259,7 +1263,7 @@ def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(tmp_pat
         with offload(plan, swap_dir=tmp_path) as at_once:
             assert same(collective_train(4, delay=0), expected)
         with offload(plan, swap_dir=tmp_path) as late:
-            assert same(collective_train(4, delay=0.3), expected)
+            assert same(collective_train(4, delay=0.3, read=read), expected)
     finally:
         dist.destroy_process_group()
     assert late.matched_iterations == at_once.matched_iterations == 3
