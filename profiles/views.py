@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profiles.ids import CARRIED_FLAG
 from profiles.model import Profile
 
 __all__ = ["active_bytes", "inactive_periods", "iteration_time_us", "live_intervals", "made_bytes", "memory_curve"]
@@ -139,7 +140,28 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     w = (c_res | has_old) & (wrap_end - c_last >= 2)
     periods.append((c_tid[w], c_last[w], wrap_end[w], True))
     death = np.where(c_wrap, c_free + num_ops * c_part, np.where(c_free < 0, num_ops, c_free))
-    t = ~(c_res | has_old) & (death - c_last >= 2)
+    # NOTE [ Carried copies ]: a storage made in the iteration that outlives it while its
+    # successor is made (the last loss, a model output, a batch) is, in the next iteration, a
+    # row of its own: its id with the carried flag (NOTE [ Carried storages ] in
+    # torch_patch.tracer), alive from op 0 to its free. Its period ran to the iteration's end
+    # and read nothing back, though the next iteration may read it (a loss printed after the
+    # step: ``loss.item()`` at op 0), so the plan had it out there and the read came on demand,
+    # in every iteration. Its period ends where that row is first accessed, and reads back; or,
+    # where nothing accesses it, where that row dies (until then it is out: its bytes no longer
+    # counted twice). Only where that access comes before the storage is made again: after it,
+    # no write of this row would lie between the read and the next period, which would then
+    # count as unchanged (NOTE [ Unchanged periods ] in planner.problem) though the storage is new.
+    outlives = ~c_res & ~c_wrap & (c_free < 0)
+    flagged = c_tid | CARRIED_FLAG
+    twin_first = acc.groupby("tensor_id")["op_index"].min().reindex(flagged).to_numpy(np.float64)
+    twin_free = tensors["free_op"].reindex(flagged).to_numpy(np.float64)
+    read_again = outlives & (twin_first <= alloc[first_idx])  # false where no such row (NaN)
+    dies_later = outlives & np.isnan(twin_first) & (np.nan_to_num(twin_free, nan=-1) >= 0)
+    twin_end = np.nan_to_num(twin_first).astype(np.int64) + num_ops
+    r = read_again & (twin_end - c_last >= 2)
+    periods.append((c_tid[r], c_last[r], twin_end[r], True))
+    death = np.where(dies_later, np.nan_to_num(twin_free).astype(np.int64) + num_ops, death)
+    t = ~(c_res | has_old | read_again) & (death - c_last >= 2)
     periods.append((c_tid[t], c_last[t], death[t], False))
     # NOTE [ Untouched storages ]: one alive throughout that no op of the iteration uses (a copy
     # of the initial weights kept for the end, the best weights so far) had no period, so it

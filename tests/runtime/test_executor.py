@@ -1269,3 +1269,46 @@ def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(read: b
     assert late.matched_iterations == at_once.matched_iterations == 3
     assert late.stats.iteration_peak_bytes[1:] == at_once.stats.iteration_peak_bytes[1:]
     assert late.stats.steady_stalls["collective"][1] > 0.2 * 3
+
+
+def logged_after_step_train(steps: int) -> tuple[list[float], list[torch.Tensor]]:
+    """``train``'s model, logging its hidden features' norm after each step (so at the next
+    iteration's first ops, where the features are carried, NOTE [ Carried copies ] in
+    profiles.views) and dropping them only as the next step makes its own."""
+    model, opt, gen = mlp_and_data()
+    losses, feats = [], None
+    for _ in range(steps):
+        if feats is not None:
+            losses.append(feats.norm().item())
+        feats = model[:4](torch.randn(64, 32, generator=gen))
+        loss = model[4](feats).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_storage_the_next_iteration_reads_is_read_back_by_the_plan(tmp_path: Path) -> None:
+    """NOTE [ Carried copies ] in profiles.views: the features of one step, read by the next
+    iteration's log line and freed as it makes its own, have a period that reads them back by
+    then; it ended at the iteration's end reading nothing back, so every iteration read them on
+    demand."""
+    tracer = Tracer(warmup=1, iters=1)
+    with pytest.raises(ProfileComplete), tracer:
+        logged_after_step_train(5)
+    prof = tracer.profile({})
+    periods = inactive_periods(prof)
+    feats = periods[periods["wraps"] & (periods["size_bytes"] == 64 * 256 * 4) & (periods["kind"] == "activation")]
+    assert len(feats) == 1 and feats["reads_back"].all(), feats
+    tid, size, start, end = feats[["tensor_id", "size_bytes", "start_op", "end_op"]].to_numpy()[0]
+    n = len(op_names(prof))
+    moves = [move(tid, "offload", start + 1, start + 2, size, start, end, wraps=True),  # as the planner would
+             move(tid, "prefetch", (end - 2) % n, end % n, size, start, end, wraps=True)]
+    plan = hand_plan(prof)
+    plan = dataclasses.replace(plan, migrations={0: [*plan.migrations[0], *moves]})
+    expected = logged_after_step_train(5)
+    with offload(plan, swap_dir=tmp_path, backend="posix") as ex:
+        assert same(logged_after_step_train(5), expected)
+    assert ex.matched_iterations == 4
+    assert ex.stats.iteration_on_demand_fetches[1:] == [0] * 4
