@@ -665,7 +665,10 @@ class OpStream(TorchDispatchMode):
             if self._steps_seen and any(m not in self._late_roots for m in roots):  # NOTE [ Late roots ]
                 self._late_roots.add(module)
             self._roots.append(weakref.ref(module))
-            prefix = f"root{len(roots)}." if roots else ""
+            if not has_parameters(module):  # a loss module: by its type, apart from the models' paths
+                prefix = f"{type(module).__name__}."
+            else:
+                prefix = f"root{len(roots)}." if roots else ""
             named = []
             for sub, m in module.named_modules():
                 if id(m) not in self._module_names:

@@ -230,6 +230,8 @@ def test_a_model_built_anew_for_each_fold_is_named_as_the_one_it_replaces(criter
     lived, 1.65x)."""
     plain, teraio = compare(SCRIPTS / "new_model.py", ["--criterion", criterion], tmp_path)
     assert_identical(plain, teraio)
+    modules = set(pq.read_table(tmp_path / "teraio" / "profile" / "kernels.parquet").column("module").to_pylist())
+    assert ("CrossEntropyLoss" in modules) == (criterion != "function"), modules  # apart from the model's paths
     assert teraio.report is not None
     assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [5]
     assert_within_budget(teraio)
