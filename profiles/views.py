@@ -141,26 +141,26 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     periods.append((c_tid[w], c_last[w], wrap_end[w], True))
     death = np.where(c_wrap, c_free + num_ops * c_part, np.where(c_free < 0, num_ops, c_free))
     # NOTE [ Carried copies ]: a storage made in the iteration that outlives it while its
-    # successor is made (the last loss, a model output, a batch) is, in the next iteration, a
-    # row of its own: its id with the carried flag (NOTE [ Carried storages ] in
+    # successor is made (the last loss, a model output the script keeps) is, in the next
+    # iteration, a row of its own: its id with the carried flag (NOTE [ Carried storages ] in
     # torch_patch.tracer), alive from op 0 to its free. Its period ran to the iteration's end
     # and read nothing back, though the next iteration may read it (a loss printed after the
-    # step: ``loss.item()`` at op 0), so the plan had it out there and the read came on demand,
-    # in every iteration. Its period ends where that row is first accessed, and reads back; or,
-    # where nothing accesses it, where that row dies (until then it is out: its bytes no longer
-    # counted twice). Only where that access comes before the storage is made again: after it,
-    # no write of this row would lie between the read and the next period, which would then
-    # count as unchanged (NOTE [ Unchanged periods ] in planner.problem) though the storage is new.
-    outlives = ~c_res & ~c_wrap & (c_free < 0)
-    flagged = c_tid | CARRIED_FLAG
-    twin_first = acc.groupby("tensor_id")["op_index"].min().reindex(flagged).to_numpy(np.float64)
-    twin_free = tensors["free_op"].reindex(flagged).to_numpy(np.float64)
-    read_again = outlives & (twin_first <= alloc[first_idx])  # false where no such row (NaN)
-    dies_later = outlives & np.isnan(twin_first) & (np.nan_to_num(twin_free, nan=-1) >= 0)
-    twin_end = np.nan_to_num(twin_first).astype(np.int64) + num_ops
-    r = read_again & (twin_end - c_last >= 2)
-    periods.append((c_tid[r], c_last[r], twin_end[r], True))
-    death = np.where(dies_later, np.nan_to_num(twin_free).astype(np.int64) + num_ops, death)
+    # step: ``loss.item()``, the next iteration's op 0), so the plan had it out there and every
+    # iteration read it on demand (a script that computes its accuracy from the last logits
+    # after the step, at its smallest budget: 3 such reads an iteration, 2 with this rule). So
+    # where that row (of its size: in iteration 1, a storage of iteration 0 the tracer could not
+    # pair keeps the id it had there) is first accessed at op 0, the period ends there and reads
+    # back. Not where it is later, nor where no op reads the copy before it dies: the plan would
+    # then count it out from op 0 on, and an iteration after one that did not follow the plan
+    # (iteration 1, the one after an evaluation) has it in memory there: 1.105x the budget in
+    # iteration 1 of a review's script that kept its last batch, under a first version of this
+    # rule.
+    sizes = tensors["size_bytes"]
+    same_size = sizes.reindex(c_tid | CARRIED_FLAG).to_numpy(np.float64) == sizes.reindex(c_tid).to_numpy(np.float64)
+    read_again = (~c_res & ~c_wrap & (c_free < 0) & same_size
+                  & np.isin(c_tid | CARRIED_FLAG, acc["tensor_id"][acc["op_index"] == 0]))
+    r = read_again & (num_ops - c_last >= 2)
+    periods.append((c_tid[r], c_last[r], np.full(int(r.sum()), num_ops), True))
     t = ~(c_res | has_old | read_again) & (death - c_last >= 2)
     periods.append((c_tid[t], c_last[t], death[t], False))
     # NOTE [ Untouched storages ]: one alive throughout that no op of the iteration uses (a copy

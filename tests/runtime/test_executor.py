@@ -1273,7 +1273,7 @@ def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(read: b
 
 def logged_after_step_train(steps: int) -> tuple[list[float], list[torch.Tensor]]:
     """``train``'s model, logging its hidden features' norm after each step (so at the next
-    iteration's first ops, where the features are carried, NOTE [ Carried copies ] in
+    iteration's first op, where the features are carried, NOTE [ Carried copies ] in
     profiles.views) and dropping them only as the next step makes its own."""
     model, opt, gen = mlp_and_data()
     losses, feats = [], None
@@ -1282,10 +1282,10 @@ def logged_after_step_train(steps: int) -> tuple[list[float], list[torch.Tensor]
             losses.append(feats.norm().item())
         feats = model[:4](torch.randn(64, 32, generator=gen))
         loss = model[4](feats).square().mean()
+        losses.append(loss.item())
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(loss.item())
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
