@@ -711,8 +711,10 @@ class PlanExecutor(OpStream):
     # followed iteration, and a storage of this iteration that a collective used is alive with
     # its bytes in memory, the op waits for frees from other threads, as the other ranks catch
     # up, until it fits or no such storage is left: beside the same load the FSDP2 job waited so
-    # in 7 of 37 runs (0.1-6 ms each) and went over in none; the DDP job with the hook waited
-    # 1-18 times a run (0.06-0.27 s in all) and went over in none of 15. It waits without the
+    # in 7 of 37 runs (0.1-6 ms each) and went over in none (nor in 25 beside the whole suite);
+    # the DDP job with the hook waited 1-18 times a run (0.06-0.27 s in all) and went over in
+    # none of 15, but beside the whole suite 8 of 24 ranks' runs still did, by 0.2-5.1% (not
+    # found why; the hook's callback makes copies on gloo's thread too). It waits without the
     # executor's lock, which a thread of the script's own that reads the buffer before it drops
     # it needs. At most ``_COLLECTIVE_WAIT_S`` in an iteration: a buffer the script keeps (a
     # batch broadcast to every rank, a metric) is alive for a reason of its own, and then the
