@@ -90,7 +90,10 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     across the iteration boundary (``alloc_op == free_op == -1``, or a wrapping
     lifetime accessed on both sides of the boundary, see NOTE [ Wrapping
     lifetimes ] in ``profiles.schema``), the gap from its last access before
-    the boundary to its first access after it. With ``reads_back`` false (a
+    the boundary to its first access after it; for a storage made in the
+    iteration that outlives it while its successor is made, whose old copy
+    the next iteration reads at op 0, ``num_ops`` (NOTE [ Carried copies ]).
+    With ``reads_back`` false (a
     *trailing* period), ``end_op`` is the op at which the storage is no longer
     alive and nothing accesses it from ``start_op`` on: from its last access
     to ``free_op``, or to ``num_ops`` when it outlives the iteration

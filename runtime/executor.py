@@ -269,7 +269,7 @@ class PlanExecutor(OpStream):
         self._clock = 0
         self._busy: set[int] = set()  # used by a collective in this iteration
         self._busy_before: set[int] = set()  # and in the one before (renamed at the boundary)
-        self._in_collective: set[int] = set()  # of this iteration, used by a collective since
+        self._in_collective: set[int] = set()  # made in an iteration, used by a collective since
         self._collective_wait_left = _COLLECTIVE_WAIT_S  # in this iteration
         self._spill = "ssd" if "ssd" in backends else "host"
         # the device whose memory the budget holds: a CUDA run's CPU tensors (a pinned batch an
@@ -708,9 +708,10 @@ class PlanExecutor(OpStream):
     # test_jobs.py's FSDP2 job went 5.5% over its 2,298,128-byte budget once in CI, and 3% over
     # in 1 of about 25 runs here beside part of the test suite; DDP's fp16-compressed buckets
     # took a rank to 1.085x so. So where memory is still over the budget before an op of a
-    # followed iteration, and a storage of this iteration that a collective used is alive with
-    # its bytes in memory, the op waits for frees from other threads, as the other ranks catch
-    # up, until it fits or no such storage is left: beside the same load the FSDP2 job waited so
+    # followed iteration, and storages made in it or before that a collective used are alive with
+    # at least the bytes it is over in memory, the op waits for frees from other threads, as the
+    # other ranks catch up, until it fits, those storages are too few, or no free comes in what
+    # is left of ``_COLLECTIVE_WAIT_S``: beside the same load the FSDP2 job waited so
     # in 7 of 37 runs (0.1-6 ms each) and went over in none (nor in 25 beside the whole suite);
     # the DDP job with the hook waited 1-18 times a run (0.06-0.27 s in all) and went over in
     # none of 15, but beside the whole suite 8 of 24 ranks' runs still did, by 0.2-5.1% (not
@@ -734,9 +735,9 @@ class PlanExecutor(OpStream):
         assert schedule is not None and schedule.budget_bytes is not None
         t0 = time.perf_counter()
         deadline, waited = t0 + self._collective_wait_left, False
-        while self.ids.drain_here() and self.stats.tracked_bytes + nbytes > schedule.budget_bytes:
+        while self.ids.drain_here() and (over := self.stats.tracked_bytes + nbytes - schedule.budget_bytes) > 0:
             self._in_collective = {t for t in self._in_collective if self._bytes_in_memory(t)}
-            if not self._in_collective:
+            if sum(self.sizes.get(t, 0) for t in self._in_collective) < over:  # their frees would not do
                 break
             waited = True
             if not self.ids.await_free(deadline - time.perf_counter()):  # none came in time
@@ -1353,6 +1354,7 @@ class PlanExecutor(OpStream):
         self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
         self.copies = {new_ids.get(t, t): e for t, e in self.copies.items()}
         self._left_over = {new_ids.get(t, t): n for t, n in self._left_over.items()}
+        self._in_collective = {new_ids.get(t, t) for t in self._in_collective}
         for entry in self.moved.values():
             if entry.job is not None:
                 entry.job.tensor_id = new_ids.get(entry.job.tensor_id, entry.job.tensor_id)
@@ -1372,7 +1374,7 @@ class PlanExecutor(OpStream):
         self._offloads_started = self._other_sizes = 0
         self._first_other_size = None
         self._busy_before, self._busy = self._busy, set()
-        self._in_collective.clear()
+        self._in_collective = {t for t in self._in_collective if self.ids.storage(t) is not None}
         self._collective_wait_left = _COLLECTIVE_WAIT_S
         self._used_at.clear()
         if schedule is None:

@@ -146,12 +146,12 @@ def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(jo
     # plan has the 64 KiB weight gradient out at the op that now uses it, and that op reads it back
     # on demand: rank 1 at 1.035x in some iteration of each of 7 runs here, and at 1.07x (two
     # swaps in one iteration) in 2 of 6 runs of this test, 1 of 3 of them on the code of
-    # 2026-11-26. Allow two such gradients (found, not fixed)
-    swapped = 2 * 65536 if job == "pp-zbv" else 0
+    # 2026-11-26. Allow one such gradient beyond the 5% (found, not fixed)
+    swapped = 65536 if job == "pp-zbv" else 0
     # With the hook, beside the whole test suite, 8 of 24 ranks' runs still peaked 1.002-1.051x
     # (found, not fixed; likely the callback's decompressed copies, which it makes on gloo's
-    # thread, where no op waits for room). Allow two buckets
-    in_flight = 2 * int(0.05 * 2**20) if "--comm-hook" in extra else 0
+    # thread, where no op waits for room). Allow one bucket beyond the 5%
+    in_flight = int(0.05 * 2**20) if "--comm-hook" in extra else 0
     for rank, rr in report["ranks"].items():
         assert sum(rr["bytes_written"].values()) > 0, f"rank {rank} moved nothing"
         peaks = [p for i, (p, f) in enumerate(zip(rr["iteration_peak_bytes"], rr["iteration_followed"],

@@ -1244,15 +1244,17 @@ def collective_train(steps: int, delay: float, read: bool = False) -> tuple[list
 
 
 @pytest.mark.parametrize("read", [False, True])
-def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(read: bool, tmp_path: Path) -> None:
+def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(read: bool, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [ Buffers of collectives in flight ]: the free of a buffer a collective used comes
     from another thread, later under teraio than in the profile (the other ranks are behind): the
-    next op that allocates waits for it, not over the budget (the plan's budget of one byte: it
-    waits for it whatever it allocates). Without the wait the iteration peaked 1 MiB higher; with
+    next op that allocates waits for it, not over the budget (the peak the plan reaches where the
+    thread frees it at once). Without the wait the iterations went over it; with
     the thread reading the buffer first, a wait that held the executor's lock blocked that read
     until it gave up, and the iteration went over all the same."""
     import torch.distributed as dist
 
+    monkeypatch.setattr("runtime.executor._COLLECTIVE_WAIT_S", 10.0)  # 0.3 s late, whatever the load
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         tracer = Tracer(warmup=1, iters=1)
@@ -1262,12 +1264,15 @@ def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(read: b
         expected = collective_train(4, delay=0)
         with offload(plan, swap_dir=tmp_path) as at_once:
             assert same(collective_train(4, delay=0), expected)
+        budget = max(at_once.stats.iteration_peak_bytes[1:])  # what the plan needs, freed at once
+        plan = dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget})
         with offload(plan, swap_dir=tmp_path) as late:
             assert same(collective_train(4, delay=0.3, read=read), expected)
     finally:
         dist.destroy_process_group()
     assert late.matched_iterations == at_once.matched_iterations == 3
-    assert late.stats.iteration_peak_bytes[1:] == at_once.stats.iteration_peak_bytes[1:]
+    # (iteration 1 after iteration 0's own plan, of a budget of one byte: not measured against it)
+    assert max(late.stats.iteration_peak_bytes[2:]) <= budget, (late.stats.iteration_peak_bytes, budget)
     assert late.stats.steady_stalls["collective"][1] > 0.2 * 3
 
 
