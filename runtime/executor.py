@@ -328,11 +328,11 @@ class PlanExecutor(OpStream):
             self._send_again(func, inputs)
         if name.startswith("c10d."):
             self._in_collective.update(tid for tid, _, _ in inputs if PRODUCED_BASE <= tid < LONG_BASE)
-        if self.hold_on_demand:  # NOTE [ On demand within the budget ]
-            if name.startswith("c10d."):
+            if self.hold_on_demand:  # NOTE [ On demand within the budget ]
                 self._busy.update(tid for tid, _, _ in inputs)
-            if self.schedule is None and self.iteration > 0 and self.steady.budget_bytes is not None:
-                self._evict_for(inputs)
+        if (self.hold_on_demand and self.schedule is None and self.iteration > 0
+                and self.steady.budget_bytes is not None):
+            self._evict_for(inputs)
         if self.moved and not (self._aliasing and name in _ONLY_ALIAS):  # NOTE [ Streamed saves ]
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)

@@ -706,9 +706,9 @@ class OpStream(TorchDispatchMode):
     # A root with no parameter (a loss module called as one, a weighted one's weights a buffer)
     # counts for neither, and takes no number in the names (``persistent_names``): with k-fold
     # training's loss module alive, each new fold's model was late, and every iteration after
-    # the first fold ran on demand at 1.65x the budget. Not handled: another root with state that lives
-    # on (the old model kept for an ensemble: the plan's names bind to its idle weights).
-    # Profile past the change there (``teraio profile --warmup``).
+    # the first fold ran on demand at 1.65x the budget. Not handled: another root with
+    # parameters that lives on (the old model kept for an ensemble: the plan's names bind to its
+    # idle weights). Profile past the change there (``teraio profile --warmup``).
     def named_roots(self) -> list[torch.nn.Module]:
         """The live roots whose storages get persistent names (NOTE [ Late roots ])."""
         roots = self.roots()
