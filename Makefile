@@ -50,7 +50,7 @@ bench: install
 gpu-check:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -n 8 -p no:cacheprovider tests/torch_patch tests/runtime tests/profiles \
 		tests/cli/test_run_cli.py tests/cli/test_profile_cli.py
-	PYTHONPATH=$(CURDIR) $(PYTHON) bench/fidelity.py --gpu --sizes 2k --steps 6 --quiet-budget 0
+	PYTHONPATH=$(CURDIR) $(PYTHON) bench/fidelity.py --gpu --sizes 2k --steps 6 --quiet-budget 0 --stream-copies
 	PYTHONPATH=$(CURDIR) $(PYTHON) bench/rok_gpu.py --sizes 2k --peers recompute --steps 6
 
 clean:

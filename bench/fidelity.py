@@ -32,7 +32,10 @@ the machine's. The headline's ``time_error_max`` is the raw one.
 
 With ``--gpu``: the sizes of bench/rok_gpu.py, plans at the pinned link's measured bandwidth
 (no copy costs on the compute: the GPU's copy engines move the bytes) and `teraio run` with the
-host backend, pinned.
+host backend, pinned. ``--stream-copies`` (with ``--gpu``) runs each plan a second time, beside
+the first, with `teraio run --stream-copies` (NOTE [ Copies ordered on streams ] in
+runtime/engine.py), and adds ``stream_copies_speedup.<size>.<budget>=``: the first run's median
+iteration over the second's.
 
 The last line: ``time_error_max=... peak_error_max=... time_error_at_drift_max=...``
 (fractions, the worst case of all), then each size's worst; with ``--gpu`` also
@@ -101,6 +104,8 @@ def main() -> None:
     p.add_argument("--gpu", action="store_true", help="on a CUDA device: host backend, pinned")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--swap-dir", default=None)
+    p.add_argument("--stream-copies", action="store_true",
+                   help="with --gpu: each plan run again with `teraio run --stream-copies`, side by side")
     p.add_argument("--quiet-budget", type=float, default=quiet.BUDGET_S,
                    help="seconds the whole bench may spend waiting for an idle machine and repeating runs "
                         "another process disturbed (bench/quiet.py)")
@@ -115,9 +120,12 @@ def main() -> None:
         if not torch.cuda.is_available():
             print("fidelity: skipped: --gpu and no CUDA device here (without --gpu it measures the CPU)")
             return
+    if args.stream_copies and not args.gpu:
+        p.error("--stream-copies: with --gpu only (it changes nothing on the CPU)")
     quiet.BUDGET_S = args.quiet_budget
     started = time.monotonic()
     rows = []
+    speedups: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="teraio-fidelity-", dir=args.swap_dir) as d:
         work = Path(d)
         if args.gpu:
@@ -153,8 +161,23 @@ def main() -> None:
                 after_s = statistics.median(steps(after.stdout, 1)[0]) / 1e3
                 drift = (before_s + after_s) / 2 / plain_s
                 before_s = after_s
+                if args.stream_copies:
+                    streamed = quiet.sh(*teraio("run", "--plan", plan, *backend, "--stream-copies", "--swap-dir",
+                                                work, "--report", work / "streamed.json", EXAMPLE, "--", *ex))
+                    if losses(streamed.stdout) != plain:
+                        raise SystemExit(f"fidelity: {size} {share}: --stream-copies: losses differ from "
+                                         "the plain run's")
+                    rs = json.loads((work / "streamed.json").read_text())
+                    streamed_s = statistics.median(rs["iteration_s"][1:])
                 s = json.loads(plan.read_text())["summary"]
                 r = json.loads(report.read_text())
+                if args.stream_copies:
+                    host_waits_s = statistics.median(r["iteration_s"][1:])
+                    speedups[f"stream_copies_speedup.{size}.{share}"] = host_waits_s / streamed_s
+                    print(f"{size} {share}: --stream-copies: measured {streamed_s * 1e3:,.0f} ms, peak "
+                          f"{max(rs['iteration_peak_bytes'][1:]) / MIB:.1f} MiB, CUDA's "
+                          f"{max(rs['iteration_peak_cuda_allocated_bytes'][1:]) / MIB:.1f} MiB; {waits(rs)}",
+                          flush=True)
                 time_pred, time_meas = s["predicted_iteration_us"] / 1e6, statistics.median(r["iteration_s"][1:])
                 peak_pred = s.get("peak_tracked_after_bytes", s["peak_after_bytes"])
                 peak_meas = max(r["iteration_peak_bytes"][1:])
@@ -206,7 +229,7 @@ def main() -> None:
         worst["cuda_over_budget_max"] = max(r["cuda_over"] for r in rows)
     print(quiet.TALLY.line())
     print(f"bench time {time.monotonic() - started:.0f} s, of which {quiet.TALLY.spent_s:.0f} s waiting and repeating")
-    print(" ".join(f"{k}={v:.3f}" for k, v in worst.items()))
+    print(" ".join(f"{k}={v:.3f}" for k, v in {**worst, **speedups}.items()))
 
 
 if __name__ == "__main__":

@@ -113,10 +113,13 @@ def run_plain(cfg: Config, ex: list[str], skip: int) -> str | None:
     return None
 
 
+STREAM_COPIES: list[str] = []  # ["--stream-copies"] with that option
+
+
 def run_teraio(cfg: Config, ex: list[str], work: Path, skip: int, pool: int) -> None:
     report = work / "run.json"
     r = sh(*teraio("run", "--plan", cfg.plan, "--backend", "host", "--host-mem", str(pool), "--report", report,
-                   EXAMPLE, "--", *ex), quiet=True)
+                   *STREAM_COPIES, EXAMPLE, "--", *ex), quiet=True)
     rep = json.loads(report.read_text())
     cfg.step_ms, cfg.losses = step_times(r.stdout, skip), losses(r.stdout)
     cuda = rep["iteration_peak_cuda_allocated_bytes"][skip:]
@@ -200,7 +203,11 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=2, help="leave out steps before this one (compilation, warm-up)")
     p.add_argument("--swap-dir", default=None)
     p.add_argument("--plot", type=Path, default=None, help="write the curve here (PNG)")
+    p.add_argument("--stream-copies", action="store_true",
+                   help="teraio's runs with `teraio run --stream-copies` (NOTE [ Copies ordered on streams ])")
     args = p.parse_args()
+    if args.stream_copies:
+        STREAM_COPIES.append("--stream-copies")
     import torch
 
     if not torch.cuda.is_available():

@@ -89,7 +89,7 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
             backend: str = "auto", host_mem_bytes: int | None = None,
             report: str | os.PathLike[str] | None = None, num_workers: int = 2,
             rank: int | None = None, reuse_copies: bool | None = None,
-            hold_on_demand: bool = False) -> Iterator[PlanExecutor]:
+            hold_on_demand: bool = False, stream_copies: bool = False) -> Iterator[PlanExecutor]:
     """Train under ``plan``: the body's ops run with the plan's transfers carried out.
 
     Results are bit-identical to running the body without it. Every tensor
@@ -104,7 +104,9 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     writes tensors where teraio's dispatch mode cannot see it. ``hold_on_demand``: iterations
     that leave the plan send the least recently used tensors out to keep to its budget (NOTE [ On
     demand within the budget ] in ``runtime.executor``; not for a script that uses its tensors
-    where teraio cannot see: ops on threads started before it, pointers).
+    where teraio cannot see: ops on threads started before it, pointers). ``stream_copies``: on
+    CUDA with host memory, copies launched on CUDA streams that the op needing one waits for on the
+    GPU, not the host (NOTE [ Copies ordered on streams ] in ``runtime.engine``; not yet measured).
     """
     if rank is None:
         rank = int(os.environ.get("RANK", 0))
@@ -142,7 +144,7 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
         if reuse_copies is None:
             reuse_copies = os.environ.get("TERAIO_REUSE_COPIES", "1") != "0"
         executor = PlanExecutor(run_plan, backends, engine, rank, reuse_copies=reuse_copies,
-                                hold_on_demand=hold_on_demand)
+                                hold_on_demand=hold_on_demand, stream_copies=stream_copies)
         old_term = _term_as_exit()
         reset_peak_rss()
         t0 = time.perf_counter()

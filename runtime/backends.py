@@ -76,8 +76,9 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
 
 
-def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst[:] = src`` for two contiguous uint8 tensors of one size, off the training thread.
+def copy_bytes(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> None:
+    """``dst[:] = src`` for two contiguous uint8 tensors of one size, off the training thread
+    (``non_blocking``: a device's copy only launched, on the current stream).
 
     NOTE [ Copies off OpenMP ]: between host tensors by ``ctypes.memmove`` (which releases the
     GIL, as ``Tensor.copy_`` does), never by ``Tensor.copy_``: a large CPU ``copy_`` runs an
@@ -97,7 +98,7 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
         raise ValueError(f"copy of {src.numel()} {src.dtype} into {dst.numel()} {dst.dtype}: both "
                          "contiguous uint8, of one size")
     if dst.device.type != "cpu" or src.device.type != "cpu":  # a device's copy; a meta tensor's raises
-        dst.copy_(src)
+        dst.copy_(src, non_blocking=non_blocking)
     elif dst.numel():
         ctypes.memmove(dst.data_ptr(), src.data_ptr(), dst.numel())
 
@@ -396,8 +397,14 @@ class HostBackend:
         self._pool: torch.Tensor | None = None
         self._free: list[tuple[int, int]] = [(0, limit_bytes)]  # (offset, size), sorted
         self._blocks: dict[int, tuple[int, int]] = {}
+        self._written: dict[int, Any] = {}  # CUDA events of writes launched, not waited for
         self._lock = threading.Lock()
         self.used_bytes = 0
+
+    def on_stream(self, t: torch.Tensor) -> bool:
+        """Whether a copy of ``t`` to or from the pool can be launched on a stream and left to run
+        (NOTE [ Copies ordered on streams ] in runtime.engine): a CUDA tensor, a pinned pool."""
+        return self.pin and t.is_cuda
 
     @property
     def pool(self) -> torch.Tensor:
@@ -434,21 +441,41 @@ class HostBackend:
                     merged.append((o, n))
             self._free = merged
 
-    def write(self, key: int, src: torch.Tensor) -> None:
+    def write(self, key: int, src: torch.Tensor, non_blocking: bool = False) -> None:
+        """``non_blocking`` (a CUDA ``src``): the copy launched on the current stream; a read into
+        host memory waits for it."""
         n = src.numel()
         if key in self._blocks:
             self.delete(key)
         off = self._alloc(n)
-        copy_bytes(self.pool[off:off + n], src)
+        copy_bytes(self.pool[off:off + n], src, non_blocking)
         self._blocks[key] = (off, n)
+        if non_blocking and src.is_cuda:
+            self._written[key] = event = torch.cuda.Event()
+            event.record()
 
-    def read(self, key: int, dst: torch.Tensor) -> None:
+    def read(self, key: int, dst: torch.Tensor, non_blocking: bool = False) -> None:
+        """``non_blocking`` (a CUDA ``dst``): the copy launched on the current stream, which has
+        waited for the key's write where it was launched so (the current stream is its own)."""
         off, n = self._blocks[key]
         if n != dst.numel():
             raise OSError(f"holds {n} bytes, expected {dst.numel()}")
-        copy_bytes(dst, self.pool[off:off + n])
+        self._host_ready(key, dst)
+        copy_bytes(dst, self.pool[off:off + n], non_blocking)
+
+    def _host_ready(self, key: int, dst: torch.Tensor | None) -> None:
+        """Wait for ``key``'s write on a stream before the host reads it (``dst`` on the CPU, or
+        None), or order ``dst``'s device copy after it."""
+        event = self._written.get(key)
+        if event is None:
+            return
+        if dst is None or not dst.is_cuda:
+            event.synchronize()
+        else:
+            torch.cuda.current_stream(dst.device).wait_event(event)
 
     def delete(self, key: int) -> None:
+        self._written.pop(key, None)
         block = self._blocks.pop(key, None)
         if block is not None:
             self._release(*block)
@@ -461,11 +488,13 @@ class HostBackend:
             directory = make_swap_dir(self.spill_dir)
             for key in keys:
                 off, n = self._blocks[key]
+                self._host_ready(key, None)
                 with open(directory / f"{key}.bin", "wb") as f:
                     f.write(_host_bytes(self.pool[off:off + n]))
             kept = keep_swap_dir(directory, [{**keep[k], "file": f"{k}.bin", "from": "host memory"}
                                              for k in keys])
         self._blocks.clear()
+        self._written.clear()
         self._free = [(0, self.limit_bytes)]
         self.used_bytes = 0
         self._pool = None

@@ -16,7 +16,7 @@ it blocks forever. That hung `teraio run` at exit after a Ctrl-C (the exit
 queues reads to bring every tensor back): once in a full test run, once in 18
 tries on a loaded machine. So what the main thread calls here uses only
 primitives written in C, each of whose calls happens whole or not at all:
-``threading.Lock`` in ``with`` blocks, ``queue.SimpleQueue`` and ``heapq`` on
+``threading.Lock`` and ``RLock`` in ``with`` blocks, ``queue.SimpleQueue`` and ``heapq`` on
 lists. An interrupt between two of our own steps can lose a wake-up, never a
 job: ``wait`` wakes a worker again before it waits, and a worker that wakes
 takes every job queued.
@@ -112,6 +112,12 @@ class Job:
     # what must have happened before the job starts, with ``query()`` (whether it has, at once) and
     # ``synchronize()`` (wait for it): a CUDA event recorded as the job was submitted; None: nothing
     after: Any = None
+    # NOTE [ Copies ordered on streams ]: the CUDA device of a job whose ``work`` only launches
+    # its copy on the current stream; None: a job a worker runs to its end
+    device: Any = None
+    ended: Any = None  # a stream job's CUDA event after its copy, once launched
+    started: Any = None
+    slot: int = 0
 
     # NOTE [ Releasing jobs ]: ``work`` holds a view of the storage the job moves, and a
     # failed job's traceback the frames that hold it: either keeps the storage alive
@@ -133,7 +139,10 @@ class MigrationEngine:
     def __init__(self, num_workers: int = 2) -> None:
         self.completed: deque[Job] = deque()
         self._seq = itertools.count()
-        self._take = threading.Lock()  # the queues, and whether a job is taken
+        # the queues, and whether a job is taken; reentrant: a stream job is launched with it held,
+        # and a storage that dies meanwhile (a garbage collection) waits for its job (NOTE [ Copies
+        # ordered on streams ])
+        self._take = threading.RLock()
         # heaps of (0 if urgent else 1, job.priority, order queued, job)
         self._queued: dict[str, list[tuple[int, int, int, Job]]] = {"write": [], "read": []}
         self._wake: dict[str, queue.SimpleQueue[None]] = {d: queue.SimpleQueue() for d in self._queued}
@@ -148,6 +157,15 @@ class MigrationEngine:
         self._moving = {"write": 0, "read": 0}
         self._since = {"write": 0.0, "read": 0.0}
         self._gated = {"write": False, "read": False}  # a worker waits for a job's ``after``
+        # NOTE [ Copies ordered on streams ]: jobs not yet launched (heaps as ``_queued``), those
+        # launched and not seen to end, the copy streams by (device, direction), and per direction
+        # the end (ms after ``_origin``) of the busy time counted so far
+        self._held: dict[str, list[tuple[int, int, int, Job]]] = {"write": [], "read": []}
+        self._launched: dict[str, list[Job]] = {"write": [], "read": []}
+        self._streams: dict[tuple[Any, str], list[Any]] = {}
+        self._origin: Any = None
+        self._busy_until = {"write": 0.0, "read": 0.0}
+        self._polled = 0.0
         for t in self._threads:
             t.start()
 
@@ -157,13 +175,22 @@ class MigrationEngine:
         self._wake[job.direction].put(None)
 
     def submit(self, job: Job) -> Job:
-        self._queue(job, job.urgent)
+        if job.device is None:
+            self._queue(job, job.urgent)
+            return job
+        with self._take:
+            heapq.heappush(self._held[job.direction], (0 if job.urgent else 1, job.priority, next(self._seq), job))
+            self._pump(job.direction)
         return job
 
     def promote(self, job: Job) -> None:
         """Serve an already queued job before everything that is not urgent."""
         if not job.urgent and not job.done.is_set():
-            self._queue(job, True)  # the old entry is skipped once the job is taken
+            if job.device is None:
+                self._queue(job, True)  # the old entry is skipped once the job is taken
+            else:
+                with self._take:
+                    heapq.heappush(self._held[job.direction], (0, job.priority, next(self._seq), job))
             job.urgent = True
 
     def cancel(self, job: Job) -> bool:
@@ -179,12 +206,143 @@ class MigrationEngine:
         return True
 
     def wait(self, job: Job, timeout: float | None = None) -> bool:
-        """Wait for ``job`` to end, for at most ``timeout`` seconds; whether it has."""
+        """Wait for ``job`` to end, for at most ``timeout`` seconds; whether it has. A stream job
+        ends once its copy has on the device (``timeout`` not applied)."""
         if job.cancelled:  # it moved nothing; a Ctrl-C in ``cancel`` may have kept it from done
             job.done.set()
+        elif job.device is not None:
+            with self._take:
+                if not job.taken:
+                    self._launch(job)
+            if job.ended is not None:
+                job.ended.synchronize()
+            with self._take:
+                if job in self._launched[job.direction]:
+                    self._launched[job.direction].remove(job)
+                    self._account(job)
+            return True
         elif not job.taken:  # a Ctrl-C in ``submit`` may have lost its wake-up
             self._wake[job.direction].put(None)
         return job.done.wait(timeout)
+
+    # NOTE [ Copies ordered on streams ]: by default the host waits for a transfer an op needs:
+    # a worker's copy on its stream, then the worker's wait for that stream. The host runs ahead of
+    # the GPU, so each such wait lets the GPU run out of the ops queued before it. On the H200
+    # (2026-11-27, BENCHMARKS.md) the example at 2k waited 36-103 times an iteration, mostly for
+    # reads an op was about to use ("late read", 22-61) and at the smallest budget for writes to
+    # make room (50), and ran 6.5-23% slower than its plan predicted, which predicts no stall at
+    # 75%. With ``stream_copies`` (`teraio run --stream-copies`), a job that copies between a CUDA
+    # tensor and pinned host memory (``device`` set) is launched on a copy stream by the thread that
+    # submits it, no worker: its stream first waits for the event recorded at its submission
+    # (``after``) on the device, not the host. At most ``STREAM_WINDOW`` are launched per
+    # direction, each on a stream of its own, the rest held in the queue's order (urgent first,
+    # then the plan's priority) and launched as those end; ``poll`` (before each op) sees them
+    # end. A thread that needs a job's result for the ops it launches next calls ``order``: the job
+    # is launched if it was not, its current stream waits for the copy's end, and the job counts
+    # as done, so the host goes on launching ops. The executor frees a written storage so only on
+    # the default stream, whose memory pool takes its block back (``_wait`` in runtime.executor).
+    # The backend's ops run with the dispatch modes off: launched from the training thread, they
+    # went through teraio's own mode, which polled this engine under the lock the launch held, and
+    # the first GPU run hung (a scratch copy that runs this path on the CPU hung the same way in
+    # `tests/cli/test_run_cli.py`, and passes with the modes off). Not yet measured on a GPU beside
+    # the host's waits (``bench/fidelity.py --gpu --stream-copies``), so not the default.
+    STREAM_WINDOW = 4
+
+    def _launch(self, job: Job) -> None:
+        """Launch stream ``job`` (``_take`` held); one that raises is done with its error."""
+        import torch
+
+        job.taken = True
+        d, launched = job.direction, self._launched[job.direction]
+        streams = self._streams.setdefault((job.device, d), [])
+        used = {j.slot for j in launched}
+        job.slot = next(i for i in range(len(streams) + 1) if i not in used)
+        try:
+            if job.slot == len(streams):
+                streams.append(torch.cuda.Stream(job.device))
+            stream = streams[job.slot]
+            if self._origin is None:
+                self._origin = torch.cuda.Event(enable_timing=True)
+                self._origin.record(stream)
+            if job.after is not None:
+                stream.wait_event(job.after)
+            job.started, job.ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            job.started.record(stream)
+            with torch.cuda.stream(stream):
+                job.work()
+            job.ended.record(stream)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            job.error, job.ended = exc, None
+            self.completed.append(job)
+            job.done.set()
+            return
+        launched.append(job)
+
+    def _pump(self, direction: str) -> None:
+        """Launch held jobs while fewer than the window are in flight (``_take`` held): first, in
+        the queue's order, one whose ``after`` has happened, else the one submitted first
+        (NOTE [ Jobs that wait for the compute ])."""
+        held = self._held[direction]
+        while held and len(self._launched[direction]) < self.STREAM_WINDOW:
+            entries: list[tuple[int, int, int, Job]] = []
+            while held and len(entries) < 8:
+                entry = heapq.heappop(held)
+                if not entry[3].taken:
+                    entries.append(entry)
+            if not entries:
+                return
+            pick = next((e for e in entries if _may_start(e[3])), min(entries, key=lambda e: e[2]))
+            for entry in entries:
+                if entry is not pick:
+                    heapq.heappush(held, entry)
+            self._launch(pick[3])
+
+    def order(self, job: Job) -> bool:
+        """For a stream job: launch it if it is not, make the current stream wait for its copy,
+        and count it done (NOTE [ Copies ordered on streams ]); False for any other job."""
+        if job.device is None:
+            return False
+        import torch
+
+        with self._take:
+            if not job.taken:
+                self._launch(job)
+            if job.ended is not None:
+                torch.cuda.current_stream(job.device).wait_event(job.ended)
+            if not job.done.is_set():
+                self.completed.append(job)
+                job.done.set()
+        return True
+
+    def poll(self, force: bool = False) -> None:
+        """Count the stream jobs whose copies have ended as done, oldest first, and launch held
+        ones in their place; at most every 200 us unless ``force`` (an event's query costs about a
+        microsecond, and a small model's ops take tens)."""
+        if not (self._launched["write"] or self._launched["read"]):
+            return
+        now = time.perf_counter()
+        if not force and now - self._polled < 200e-6:
+            return
+        self._polled = now
+        with self._take:
+            for d, launched in self._launched.items():
+                while launched and launched[0].ended.query():
+                    self._account(launched.pop(0))
+                self._pump(d)
+
+    def _account(self, job: Job) -> None:
+        """A stream job's copy has ended: its bytes and busy time, and done (``_take`` held)."""
+        d = job.direction
+        start, end = self._origin.elapsed_time(job.started), self._origin.elapsed_time(job.ended)
+        busy = max(0.0, end - max(start, self._busy_until[d]))  # two at once are not twice as busy
+        self._busy_until[d] = max(self._busy_until[d], end)
+        self.busy_s[d] += busy / 1e3
+        job.busy_s = (end - start) / 1e3
+        if job.error is None:
+            self.bytes_moved[d] += job.nbytes
+        if not job.done.is_set():
+            self.completed.append(job)
+            job.done.set()
 
     # NOTE [ Jobs that wait for the compute ]: a CUDA job may start only once the GPU has run the
     # kernels launched before it was submitted (NOTE [ Copy streams ] in runtime.executor), and the
@@ -281,6 +439,13 @@ class MigrationEngine:
 
     def close(self) -> None:
         """Run every queued job, then stop the workers."""
+        for d in self._held:
+            while self._held[d] or self._launched[d]:
+                with self._take:
+                    self._pump(d)
+                    launched = list(self._launched[d])
+                for job in launched:
+                    self.wait(job)
         self._closing = True
         for wake in self._wake.values():
             for _ in self._threads:  # one wake-up each is enough, a few more do no harm

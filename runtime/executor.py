@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from planner.plan import Migration, Plan
 from profiles.ids import CARRIED_FLAG, LONG_BASE, PRODUCED_BASE
 from profiles.views import UNTOUCHED_MIN_BYTES
-from runtime.backends import Backend, BackendFull
+from runtime.backends import Backend, BackendFull, HostBackend
 from runtime.boundary import Ending, Schedule, at_boundary
 from runtime.engine import Job, MigrationEngine
 from runtime.errors import PlanMismatchError, StorageIOError
@@ -161,6 +161,20 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> tuple[Any, Ca
     return event, run
 
 
+def _on_stream(backend: Backend, tensor: torch.Tensor, stream_copies: bool) -> Any:
+    """The device of a job that moves ``tensor`` to or from ``backend`` as a copy launched on a
+    stream (NOTE [ Copies ordered on streams ] in runtime.engine), or None."""
+    if not stream_copies or not isinstance(backend, HostBackend) or not backend.on_stream(tensor):
+        return None
+    return tensor.device
+
+
+def _event_now() -> Any:
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
 _EXECUTORS: weakref.WeakSet[PlanExecutor] = weakref.WeakSet()
 
 
@@ -209,12 +223,14 @@ class PlanExecutor(OpStream):
     guards_threads = True  # NOTE [ Ops on other threads ] in torch_patch.opstream
 
     def __init__(self, plan: Plan, backends: dict[str, Backend], engine: MigrationEngine,
-                 rank: int = 0, reuse_copies: bool = True, hold_on_demand: bool = False) -> None:
+                 rank: int = 0, reuse_copies: bool = True, hold_on_demand: bool = False,
+                 stream_copies: bool = False) -> None:
         super().__init__()
         self.plan = plan
         self.rank = rank
         self.reuse_copies = reuse_copies  # False: every offload writes (NOTE [ Copies kept ])
         self.hold_on_demand = hold_on_demand  # NOTE [ On demand within the budget ]
+        self.stream_copies = stream_copies  # NOTE [ Copies ordered on streams ] in runtime.engine
         self.steady = Schedule.of(plan, rank)
         first = plan.first
         self.first = Schedule.of(first, rank) if first is not None and rank in first.op_names else None
@@ -312,6 +328,7 @@ class PlanExecutor(OpStream):
             schedule = None
         if self._writing and schedule is None:  # NOTE [ Streamed saves ]: its copies' ops, on demand:
             return  # nothing freed under them (a write finished), nor brought back
+        self.engine.poll()
         if self.engine.completed:
             self._drain()
         if self._left_over and not (name in UNCHECKED_ALIASES or name.startswith(_NOT_READING)):  # NOTE [ Left over ]
@@ -539,12 +556,18 @@ class PlanExecutor(OpStream):
         backend = self.backends[target]
         key = next(self._keys)
         src = byte_view(storage)
+        device = _on_stream(backend, src, self.stream_copies)
 
         def work() -> None:
-            backend.write(key, src)
+            if device is None:
+                backend.write(key, src)
+            else:  # launched by the thread that submits it: the backend's ops are not the script's
+                with _disable_current_modes():
+                    cast(HostBackend, backend).write(key, src, non_blocking=True)
 
-        after, run = _off_stream(work, src)
-        job = self.engine.submit(Job(tid, "write", storage.nbytes(), run, urgent, target, priority, after=after))
+        after, run = (_event_now(), work) if device is not None else _off_stream(work, src)
+        job = self.engine.submit(Job(tid, "write", storage.nbytes(), run, urgent, target, priority, after=after,
+                                     device=device))
         entry = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target, weakref.ref(storage),
                        key, job)
         self.moved[tid] = entry
@@ -573,13 +596,19 @@ class PlanExecutor(OpStream):
         self.stats.peak_tracked_bytes = max(self.stats.peak_tracked_bytes, self.stats.tracked_bytes)
         dst = byte_view(storage)
         backend, key = entry.backend, entry.key
+        device = _on_stream(backend, dst, self.stream_copies)
 
         def work() -> None:
-            backend.read(key, dst)
+            if device is None:
+                backend.read(key, dst)
+            else:  # launched by the thread that submits it: the backend's ops are not the script's
+                with _disable_current_modes():
+                    cast(HostBackend, backend).read(key, dst, non_blocking=True)
 
         entry.keep_copy = keep_copy
-        after, run = _off_stream(work, dst)
-        entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, run, urgent, entry.target, priority, after=after))
+        after, run = (_event_now(), work) if device is not None else _off_stream(work, dst)
+        entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, run, urgent, entry.target, priority,
+                                           after=after, device=device))
         entry.state = Residency.FETCHING
 
     # NOTE [ Copies kept ] in planner.clean: a planned prefetch may leave its copy in the backend
@@ -645,9 +674,15 @@ class PlanExecutor(OpStream):
         if job is None:
             return
         if not job.done.is_set():
-            self.engine.promote(job)
             t0 = time.perf_counter()
-            self._await(job)
+            # NOTE [ Copies ordered on streams ] in runtime.engine: the blocks of the storages it
+            # frees go back to their stream's pool, which is the stream that waits only where the
+            # storage was made on the stream current here (the default one, for a script with no
+            # streams of its own)
+            if not (job.device is not None and torch.cuda.current_stream(job.device) == torch.cuda.default_stream(
+                    job.device) and self.engine.order(job)):
+                self.engine.promote(job)
+                self._await(job)
             self._stalled(cause, time.perf_counter() - t0)
         self._drain()
 

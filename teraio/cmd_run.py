@@ -156,6 +156,12 @@ def run(
              "that uses its tensors where teraio cannot see: ops on threads started before teraio, "
              "pointers kept across ops (C++ code's); those would find a tensor sent out. Tensors "
              "under a thousandth of the budget (at most 1 MiB) stay.")] = False,
+    stream_copies: Annotated[bool, typer.Option(
+        help="On CUDA with host memory (--backend host): launch each copy on a CUDA stream and make "
+             "the op that needs it wait on the GPU, where by default the host waits for the copy "
+             "(which lets the GPU run out of queued work). Experimental: not yet measured on a GPU "
+             "(BENCHMARKS.md). Not for a script that makes the tensors teraio moves on CUDA streams "
+             "of its own.")] = False,
 ) -> None:
     """Run SCRIPT with the plan carried out: same results, less memory.
 
@@ -198,7 +204,7 @@ def run(
     try:
         with teraio_warnings(), offload(run_plan, swap_dir=swap_dir, backend=backend, host_mem_bytes=host_bytes,
                                         rank=rank, reuse_copies=None if reuse_copies else False,
-                                        hold_on_demand=hold_on_demand) as executor:
+                                        hold_on_demand=hold_on_demand, stream_copies=stream_copies) as executor:
             try:
                 run_script(script, list(script_args or []), passthrough=(TeraioError,))
             finally:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
+import pytest
 import torch
 
 from runtime.engine import Job, MigrationEngine
@@ -264,3 +265,47 @@ def test_every_waiter_of_a_job_wakes() -> None:
     for w in waiters:
         w.join(10)
     assert woke == [True, True]
+
+
+def test_a_copy_ordered_on_streams_holds_its_bytes_when_its_memory_is_reused_at_once() -> None:
+    """NOTE [ Copies ordered on streams ]: a write the compute stream waits for (``order``) counts
+    as done at once, its storage freed while the copy may still run; the memory the compute reuses
+    then must not change what the copy wrote, nor a read back ordered so change what the op reads.
+    The copies are made slow (a sleep on their stream first) so that a missing wait shows."""
+    if not torch.cuda.is_available():
+        pytest.skip("copies ordered on CUDA streams need a CUDA device")
+    from runtime.backends import HostBackend
+    from runtime.storage import byte_view, free_storage, realloc_storage
+
+    backend, engine = HostBackend(64 << 20, pin=True), MigrationEngine(num_workers=1)
+    try:
+        x = torch.randn(4 << 20, device="cuda")
+        want = x.cpu()
+        storage, after = x.untyped_storage(), torch.cuda.Event()
+        after.record()
+
+        def write(src: torch.Tensor = byte_view(storage)) -> None:
+            torch.cuda._sleep(50_000_000)
+            backend.write(0, src, non_blocking=True)
+
+        job = engine.submit(Job(0, "write", storage.nbytes(), write, after=after, device=x.device))
+        assert engine.order(job) and job.done.is_set()
+        free_storage(storage)
+        y = torch.zeros(4 << 20, device="cuda")  # likely the block x had
+        y.fill_(7.0)
+        realloc_storage(storage, y.nbytes)
+        after = torch.cuda.Event()
+        after.record()
+
+        def read(dst: torch.Tensor = byte_view(storage)) -> None:
+            torch.cuda._sleep(50_000_000)
+            backend.read(0, dst, non_blocking=True)
+
+        job = engine.submit(Job(0, "read", y.nbytes, read, after=after, device=x.device))
+        assert engine.order(job)
+        assert torch.equal(x.cpu(), want) and bool((y == 7.0).all())
+        engine.poll(force=True)
+        assert engine.bytes_moved == {"write": y.nbytes, "read": y.nbytes}
+    finally:
+        engine.close()
+        backend.close()
