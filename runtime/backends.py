@@ -397,7 +397,11 @@ class HostBackend:
         self._pool: torch.Tensor | None = None
         self._free: list[tuple[int, int]] = [(0, limit_bytes)]  # (offset, size), sorted
         self._blocks: dict[int, tuple[int, int]] = {}
-        self._written: dict[int, Any] = {}  # CUDA events of writes launched, not waited for
+        # NOTE [ Copies ordered on streams ] in runtime.engine: per key, a CUDA event after the last
+        # copy launched on a stream and not waited for; the blocks of keys deleted meanwhile, with
+        # it, are reused only once it has passed (a host copy would not wait for it)
+        self._last_copy: dict[int, Any] = {}
+        self._pending: list[tuple[Any, int, int]] = []
         self._lock = threading.Lock()
         self.used_bytes = 0
 
@@ -410,7 +414,8 @@ class HostBackend:
     def pool(self) -> torch.Tensor:
         with self._lock:
             if self._pool is None:
-                self._pool = torch.empty(self.limit_bytes, dtype=torch.uint8, pin_memory=self.pin)
+                self._pool = torch.empty(self.limit_bytes, dtype=torch.uint8, pin_memory=self.pin,
+                                         device="cpu")  # not the default device a script may set
             return self._pool
 
     def where(self, key: int) -> str:
@@ -419,14 +424,34 @@ class HostBackend:
 
     def _alloc(self, size: int) -> int:
         size = _round_up(max(size, 1))
-        with self._lock:
-            for i, (off, n) in enumerate(self._free):
-                if n >= size:
-                    self._free[i:i + 1] = [(off + size, n - size)] if n > size else []
-                    self.used_bytes += size
-                    return off
+        for waiting in (False, True):  # blocks whose last copy is still running: once it has ended
+            for _, off, n in self._released(waiting):
+                self._release(off, n)
+            with self._lock:
+                for i, (off, n) in enumerate(self._free):
+                    if n >= size:
+                        self._free[i:i + 1] = [(off + size, n - size)] if n > size else []
+                        self.used_bytes += size
+                        return off
+                if not self._pending:
+                    break
         raise BackendFull(12, f"host pool full ({self.used_bytes} of {self.limit_bytes} bytes used)"
                           if self.limit_bytes else "no host memory pool (teraio run --host-mem gives one)")
+
+    def _released(self, wait: bool) -> list[tuple[Any, int, int]]:
+        """The pending blocks whose last copy has ended (all, once waited for, with ``wait``),
+        taken off the pending list."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        done: list[tuple[Any, int, int]] = []
+        left: list[tuple[Any, int, int]] = []
+        for item in pending:
+            if wait:
+                item[0].synchronize()
+            (done if wait or item[0].query() else left).append(item)
+        with self._lock:
+            self._pending.extend(left)
+        return done
 
     def _release(self, off: int, size: int) -> None:
         size = _round_up(max(size, 1))
@@ -451,8 +476,11 @@ class HostBackend:
         copy_bytes(self.pool[off:off + n], src, non_blocking)
         self._blocks[key] = (off, n)
         if non_blocking and src.is_cuda:
-            self._written[key] = event = torch.cuda.Event()
-            event.record()
+            self._launched(key, src.device)
+
+    def _launched(self, key: int, device: torch.device) -> None:
+        self._last_copy[key] = event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
 
     def read(self, key: int, dst: torch.Tensor, non_blocking: bool = False) -> None:
         """``non_blocking`` (a CUDA ``dst``): the copy launched on the current stream, which has
@@ -462,11 +490,13 @@ class HostBackend:
             raise OSError(f"holds {n} bytes, expected {dst.numel()}")
         self._host_ready(key, dst)
         copy_bytes(dst, self.pool[off:off + n], non_blocking)
+        if non_blocking and dst.is_cuda:
+            self._launched(key, dst.device)
 
     def _host_ready(self, key: int, dst: torch.Tensor | None) -> None:
         """Wait for ``key``'s write on a stream before the host reads it (``dst`` on the CPU, or
         None), or order ``dst``'s device copy after it."""
-        event = self._written.get(key)
+        event = self._last_copy.get(key)
         if event is None:
             return
         if dst is None or not dst.is_cuda:
@@ -475,9 +505,14 @@ class HostBackend:
             torch.cuda.current_stream(dst.device).wait_event(event)
 
     def delete(self, key: int) -> None:
-        self._written.pop(key, None)
+        event = self._last_copy.pop(key, None)
         block = self._blocks.pop(key, None)
-        if block is not None:
+        if block is None:
+            return
+        if event is not None and not event.query():
+            with self._lock:
+                self._pending.append((event, *block))
+        else:
             self._release(*block)
 
     def close(self, keep: Mapping[int, dict[str, Any]] = {}) -> Path | None:  # noqa: B006 (read only)
@@ -493,8 +528,12 @@ class HostBackend:
                     f.write(_host_bytes(self.pool[off:off + n]))
             kept = keep_swap_dir(directory, [{**keep[k], "file": f"{k}.bin", "from": "host memory"}
                                              for k in keys])
+        self._released(wait=True)  # every copy ended before the pool goes
+        for event in self._last_copy.values():
+            event.synchronize()
         self._blocks.clear()
-        self._written.clear()
+        self._last_copy.clear()
+        self._pending = []
         self._free = [(0, self.limit_bytes)]
         self.used_bytes = 0
         self._pool = None

@@ -163,7 +163,7 @@ class MigrationEngine:
         self._held: dict[str, list[tuple[int, int, int, Job]]] = {"write": [], "read": []}
         self._launched: dict[str, list[Job]] = {"write": [], "read": []}
         self._streams: dict[tuple[Any, str], list[Any]] = {}
-        self._origin: Any = None
+        self._origin: dict[Any, Any] = {}  # per device: the event the busy times are counted from
         self._busy_until = {"write": 0.0, "read": 0.0}
         self._polled = 0.0
         for t in self._threads:
@@ -220,6 +220,7 @@ class MigrationEngine:
                 if job in self._launched[job.direction]:
                     self._launched[job.direction].remove(job)
                     self._account(job)
+                    self._pump(job.direction)
             return True
         elif not job.taken:  # a Ctrl-C in ``submit`` may have lost its wake-up
             self._wake[job.direction].put(None)
@@ -235,12 +236,16 @@ class MigrationEngine:
     # tensor and pinned host memory (``device`` set) is launched on a copy stream by the thread that
     # submits it, no worker: its stream first waits for the event recorded at its submission
     # (``after``) on the device, not the host. At most ``STREAM_WINDOW`` are launched per
-    # direction, each on a stream of its own, the rest held in the queue's order (urgent first,
+    # direction, each on a copy stream of its own (from PyTorch's pool, which hands its streams
+    # out in turn, so not one no other code uses), the rest held in the queue's order (urgent first,
     # then the plan's priority) and launched as those end; ``poll`` (before each op) sees them
     # end. A thread that needs a job's result for the ops it launches next calls ``order``: the job
     # is launched if it was not, its current stream waits for the copy's end, and the job counts
-    # as done, so the host goes on launching ops. The executor frees a written storage so only on
-    # the default stream, whose memory pool takes its block back (``_wait`` in runtime.executor).
+    # as done, so the host goes on launching ops. The executor takes this path only for jobs
+    # submitted, and results awaited, on the default stream, whose memory pool takes a freed
+    # block back (``_on_stream`` and ``_wait`` in runtime.executor); a tensor the script made on
+    # a stream of its own goes back to that stream's pool, which waited for nothing (said in
+    # `teraio run --help`). A wait for a stream job on the host (``wait``) ignores its timeout.
     # The backend's ops run with the dispatch modes off: launched from the training thread, they
     # went through teraio's own mode, which polled this engine under the lock the launch held, and
     # the first GPU run hung (a scratch copy that runs this path on the CPU hung the same way in
@@ -252,6 +257,8 @@ class MigrationEngine:
         """Launch stream ``job`` (``_take`` held); one that raises is done with its error."""
         import torch
 
+        if job.taken:  # launched already (a call that came back in under the lock)
+            return
         job.taken = True
         d, launched = job.direction, self._launched[job.direction]
         streams = self._streams.setdefault((job.device, d), [])
@@ -261,9 +268,9 @@ class MigrationEngine:
             if job.slot == len(streams):
                 streams.append(torch.cuda.Stream(job.device))
             stream = streams[job.slot]
-            if self._origin is None:
-                self._origin = torch.cuda.Event(enable_timing=True)
-                self._origin.record(stream)
+            if job.device not in self._origin:
+                self._origin[job.device] = origin = torch.cuda.Event(enable_timing=True)
+                origin.record(stream)
             if job.after is not None:
                 stream.wait_event(job.after)
             job.started, job.ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -271,11 +278,17 @@ class MigrationEngine:
             with torch.cuda.stream(stream):
                 job.work()
             job.ended.record(stream)
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+        except Exception as exc:  # noqa: BLE001 - handed to the main thread
             job.error, job.ended = exc, None
             self.completed.append(job)
             job.done.set()
             return
+        except BaseException:  # a Ctrl-C, or SIGTERM's SystemExit: not the job's error; whatever of it
+            torch.cuda.synchronize(job.device)  # was launched is done before its blocks go back
+            job.error, job.ended = RuntimeError("interrupted"), None
+            self.completed.append(job)
+            job.done.set()
+            raise
         launched.append(job)
 
     def _pump(self, direction: str) -> None:
@@ -318,7 +331,7 @@ class MigrationEngine:
         """Count the stream jobs whose copies have ended as done, oldest first, and launch held
         ones in their place; at most every 200 us unless ``force`` (an event's query costs about a
         microsecond, and a small model's ops take tens)."""
-        if not (self._launched["write"] or self._launched["read"]):
+        if not (self._launched["write"] or self._launched["read"] or self._held["write"] or self._held["read"]):
             return
         now = time.perf_counter()
         if not force and now - self._polled < 200e-6:
@@ -328,12 +341,17 @@ class MigrationEngine:
             for d, launched in self._launched.items():
                 while launched and launched[0].ended.query():
                     self._account(launched.pop(0))
+                if self._held[d] and len(launched) >= self.STREAM_WINDOW:  # a later one may have ended
+                    for job in [j for j in launched if j.ended.query()]:
+                        launched.remove(job)
+                        self._account(job)
                 self._pump(d)
 
     def _account(self, job: Job) -> None:
         """A stream job's copy has ended: its bytes and busy time, and done (``_take`` held)."""
         d = job.direction
-        start, end = self._origin.elapsed_time(job.started), self._origin.elapsed_time(job.ended)
+        origin = self._origin[job.device]
+        start, end = origin.elapsed_time(job.started), origin.elapsed_time(job.ended)
         busy = max(0.0, end - max(start, self._busy_until[d]))  # two at once are not twice as busy
         self._busy_until[d] = max(self._busy_until[d], end)
         self.busy_s[d] += busy / 1e3

@@ -164,14 +164,15 @@ def _off_stream(work: Callable[[], None], tensor: torch.Tensor) -> tuple[Any, Ca
 def _on_stream(backend: Backend, tensor: torch.Tensor, stream_copies: bool) -> Any:
     """The device of a job that moves ``tensor`` to or from ``backend`` as a copy launched on a
     stream (NOTE [ Copies ordered on streams ] in runtime.engine), or None."""
-    if not stream_copies or not isinstance(backend, HostBackend) or not backend.on_stream(tensor):
+    if (not stream_copies or not isinstance(backend, HostBackend) or not backend.on_stream(tensor)
+            or torch.cuda.current_stream(tensor.device) != torch.cuda.default_stream(tensor.device)):
         return None
     return tensor.device
 
 
-def _event_now() -> Any:
+def _event_now(device: torch.device) -> Any:
     event = torch.cuda.Event()
-    event.record()
+    event.record(torch.cuda.current_stream(device))
     return event
 
 
@@ -565,7 +566,7 @@ class PlanExecutor(OpStream):
                 with _disable_current_modes():
                     cast(HostBackend, backend).write(key, src, non_blocking=True)
 
-        after, run = (_event_now(), work) if device is not None else _off_stream(work, src)
+        after, run = (_event_now(device), work) if device is not None else _off_stream(work, src)
         job = self.engine.submit(Job(tid, "write", storage.nbytes(), run, urgent, target, priority, after=after,
                                      device=device))
         entry = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target, weakref.ref(storage),
@@ -606,7 +607,7 @@ class PlanExecutor(OpStream):
                     cast(HostBackend, backend).read(key, dst, non_blocking=True)
 
         entry.keep_copy = keep_copy
-        after, run = (_event_now(), work) if device is not None else _off_stream(work, dst)
+        after, run = (_event_now(device), work) if device is not None else _off_stream(work, dst)
         entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, run, urgent, entry.target, priority,
                                            after=after, device=device))
         entry.state = Residency.FETCHING
@@ -1218,7 +1219,7 @@ class PlanExecutor(OpStream):
         if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
             try:
                 with _disable_current_modes():  # the backend's own ops are not the script's
-                    copy = torch.empty(entry.nbytes, dtype=torch.uint8)
+                    copy = torch.empty(entry.nbytes, dtype=torch.uint8, device="cpu")  # not the script's default
                     entry.backend.read(entry.key, copy)
             except OSError as exc:
                 raise StorageIOError(tid, entry.backend.where(entry.key), str(exc)) from exc
