@@ -13,7 +13,11 @@ returns before its transfer is done; the backend's threads read and write its
 tensors until a wait that no dispatch mode sees (docs/distributed-notes.md). So
 a tensor stays active from a collective to its next access (a correct program
 waits before it touches it again): the inactive period that starts at a
-collective, trailing ones included, is never planned.
+collective, trailing ones included, is never planned. So too for the functional
+collectives (``_c10d_functional.*``, which DTensor and tensor parallelism use),
+whose result is filled until an op on it waits (``profiles.views.leaves_in_flight``):
+planned, a job whose rank 1 reached its all-reduce 50 ms late had the result
+sent out and back while gloo filled it, and trained to other losses, then crashed.
 
 NOTE [ Trailing periods ]: a period with ``reads_back`` false runs from a
 storage's last access to its death: ``end_op`` is the op at which it is no
@@ -43,6 +47,7 @@ import pandas as pd
 
 from planner.errors import InfeasibleBudgetError
 from profiles import Profile, active_bytes, inactive_periods, made_bytes, memory_curve
+from profiles.views import leaves_in_flight
 
 __all__ = ["PlanProblem", "check_capacity", "cyclic_add", "first_problem", "median_durations_us",
            "problem_from_profile", "resident_need_bytes", "written_unseen"]
@@ -153,7 +158,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
     if written_unseen(profile, rank):
         fixed = pd.concat([fixed, tensors["tensor_id"][tensors["kind"].isin(NAMED_KINDS)]])
     names = kernels["op_name"].to_numpy(object)
-    busy = np.array([str(names[k % len(names)]).startswith("c10d.") for k in periods["start_op"]], bool) \
+    busy = np.array([leaves_in_flight(str(names[k % len(names)])) for k in periods["start_op"]], bool) \
         if len(names) else np.zeros(len(periods), bool)
     periods = periods[(periods["size_bytes"] > 0) & ~periods["tensor_id"].isin(fixed) & ~busy]
     named = tensors[tensors["name"].notna() & tensors["tensor_id"].isin(periods["tensor_id"])]

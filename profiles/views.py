@@ -12,7 +12,8 @@ import pandas as pd
 from profiles.ids import CARRIED_FLAG
 from profiles.model import Profile
 
-__all__ = ["active_bytes", "inactive_periods", "iteration_time_us", "live_intervals", "made_bytes", "memory_curve"]
+__all__ = ["active_bytes", "inactive_periods", "iteration_time_us", "leaves_in_flight", "live_intervals", "made_bytes",
+           "memory_curve"]
 
 
 def iteration_time_us(profile: Profile, rank: int = 0, iteration: int | None = None) -> float:
@@ -74,6 +75,16 @@ def active_bytes(profile: Profile, rank: int = 0, iteration: int | None = None) 
 
 
 UNTOUCHED_MIN_BYTES = 1 << 16  # NOTE [ Untouched storages ], NOTE [ Random states ]
+
+
+_FUNCTIONAL = ("_c10d_functional.", "_c10d_functional_autograd.", "c10d_functional.")
+
+
+def leaves_in_flight(op_name: str) -> bool:
+    """Whether op ``op_name`` returns while a communication backend still reads or writes its
+    tensors (NOTE [ Busy in a collective ] in planner.problem): c10d's ops, and the functional
+    collectives (``_c10d_functional.all_reduce`` and the rest, up to their ``wait_tensor``)."""
+    return op_name.startswith("c10d.") or (op_name.startswith(_FUNCTIONAL) and ".wait_tensor." not in op_name)
 
 
 def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = None) -> pd.DataFrame:

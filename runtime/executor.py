@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.plan import Migration, Plan
 from profiles.ids import CARRIED_FLAG, LONG_BASE, PRODUCED_BASE
-from profiles.views import UNTOUCHED_MIN_BYTES
+from profiles.views import UNTOUCHED_MIN_BYTES, leaves_in_flight
 from runtime.backends import Backend, BackendFull, HostBackend
 from runtime.boundary import Ending, Schedule, at_boundary
 from runtime.engine import Job, MigrationEngine
@@ -344,7 +344,7 @@ class PlanExecutor(OpStream):
                     break
         if self._again:
             self._send_again(func, inputs)
-        if name.startswith("c10d."):
+        if leaves_in_flight(name):
             self._in_collective.update(tid for tid, _, _ in inputs if PRODUCED_BASE <= tid < LONG_BASE)
             if self.hold_on_demand:  # NOTE [ On demand within the budget ]
                 self._busy.update(tid for tid, _, _ in inputs)
@@ -358,7 +358,7 @@ class PlanExecutor(OpStream):
                     continue
                 # NOTE [ Ops on a tensor going out ]: not where the iteration left its plan at this op
                 if (self.schedule is not None and tid not in self._sent_again and tid not in self._again
-                        and not name.startswith("c10d.")):
+                        and not leaves_in_flight(name)):
                     if entry.state is Residency.OFFLOADING and not entry.touched and entry.job is not None:
                         self._again[tid] = (entry.target, entry.job.urgent, entry.job.priority)
                     elif entry.state in (Residency.SSD, Residency.HOST):
@@ -893,7 +893,7 @@ class PlanExecutor(OpStream):
         """Before op ``func``: the tensors an earlier op used where the plan has them out go out
         again, unless this op uses them too (NOTE [ Ops on a tensor going out ])."""
         used = {tid for tid, _, _ in inputs}
-        collective = str(func).startswith("c10d.")
+        collective = leaves_in_flight(str(func))
         for tid in list(self._again):
             if tid in used:
                 if collective:  # busy until a wait no dispatch mode sees

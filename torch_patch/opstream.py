@@ -75,7 +75,11 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 from torch.storage import TypedStorage
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode_stack,
+    is_traceable_wrapper_subclass,
+)
 
 from torch_patch.identity import (
     CARRIED_FLAG,
@@ -104,9 +108,23 @@ def _local(t: _Tensor) -> _Tensor:
     """NOTE [ DTensors ]: a DTensor (FSDP2's parameters, gradients, optimizer state) has no
     real storage: its ``untyped_storage()`` reports the global size and cannot be resized.
     Its bytes are in its local shard, whose storage is the one teraio names and moves; an
-    op on DTensors counts as an access of their local storages."""
+    op on DTensors counts as an access of their local storages.
+
+    So for any other wrapper subclass of one tensor (``__tensor_flatten__`` naming one): a
+    functional collective's result (``AsyncCollectiveTensor``, which DTensor's redistributions
+    and ``torch.distributed._functional_collectives`` return) wraps the tensor the collective
+    fills, and an op on it, which waits for the collective first, uses that tensor. Its own
+    storage is no memory at all: reading it, as the profile's fingerprints of live storages
+    do, crashed the process (NOTE [ Busy in a collective ] in planner.problem)."""
     local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, _Tensor) else t
+    if isinstance(local, _Tensor):
+        return local
+    if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        inner = getattr(t, names[0], None) if len(names) == 1 else None
+        if isinstance(inner, _Tensor):
+            return _local(inner)
+    return t
 
 
 # NOTE [ Sparse tensors ]: a sparse tensor has no storage of its own: its bytes are in

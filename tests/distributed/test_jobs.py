@@ -293,3 +293,56 @@ def test_a_tensor_a_collective_uses_is_not_sent_out_before_the_collective_is_don
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
         assert "sums [4.0, 4.0, 4.0, 4.0]" in r.stdout, r.stdout
+
+
+FUNCTIONAL = """
+import time, torch, torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+from torch import nn
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+a = nn.Linear(512, 2048)
+body = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.Tanh()) for _ in range(12)])
+head = nn.Linear(2048, 1)
+params = [*a.parameters(), *body.parameters(), *head.parameters()]
+opt = torch.optim.SGD(params, lr=1e-3)
+g = torch.Generator().manual_seed(1 + rank)
+for step in range(6):
+    x = torch.randn(256, 512, generator=g)
+    h = a(x)  # 2 MiB
+    if rank == 1:
+        time.sleep(0.05)  # rank 0's all-reduce is still in flight through the body
+    r = fc.all_reduce(h.detach(), "sum", dist.group.WORLD)
+    t = body(x)
+    loss = head(torch.tanh(r) * h).mean() + t.square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"rank {rank} step {step} loss {loss.item()!r}", flush=True)
+print(f"rank {rank} final {sum(float(q.double().sum()) for q in params)!r}")
+dist.destroy_process_group()
+"""
+
+
+def test_a_functional_collectives_result_is_not_moved_while_in_flight(tmp_path: Path) -> None:
+    """NOTE [ Busy in a collective ] in planner.problem, NOTE [ DTensors ] in torch_patch.opstream:
+    `torch.distributed._functional_collectives.all_reduce` returns a wrapper of the tensor gloo
+    fills until an op on the wrapper waits. The profile read the wrapper's storage, which is no
+    memory, and crashed; once it named the tensor inside, the plan at the smallest budget sent
+    that tensor out and back while rank 1 was late to the all-reduce, and the job trained to
+    other losses and crashed."""
+    script = tmp_path / "functional.py"
+    script.write_text(FUNCTIONAL)
+    plain = finish(start(*TORCHRUN, script, cwd=tmp_path))
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    r = teraio("profile", "--nproc", "2", "--out", tmp_path / "profile", script, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = teraio("plan", tmp_path / "profile", "--gpu-mem", "min", "--ssd-bw", "2", "--out", tmp_path / "plan.json",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = teraio("run", "--nproc", "2", "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path, script, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(r.stdout.splitlines()) == sorted(plain.stdout.splitlines())
+    assert len(plain.stdout.splitlines()) == 14
