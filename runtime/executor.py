@@ -49,7 +49,7 @@ from torch_patch.opstream import (
     UNCHECKED_ALIASES,
     OpInfo,
     OpStream,
-    parts,
+    holders,
     tensor_args,
     used_storages,
     written_storages,
@@ -1595,6 +1595,7 @@ class _Sink:
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
-    """The tensors among an op's arguments, a sparse one as its parts (NOTE [ Sparse tensors ])."""
+    """The tensors among an op's arguments, each as those that hold its bytes (``holders``: a
+    sparse one's parts, NOTE [ Sparse tensors ]; a wrapper subclass's tensors)."""
     for t in tensor_args(args, kwargs):
-        yield from (t,) if t.layout is torch.strided else parts(t)
+        yield from holders(t)

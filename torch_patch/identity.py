@@ -25,6 +25,7 @@ from types import FrameType
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from profiles.ids import CARRIED_FLAG, INPUT_BASE, LONG_BASE, PRODUCED_BASE, input_id, long_id, produced_id
 
@@ -58,6 +59,25 @@ def has_parameters(module: torch.nn.Module) -> bool:
     return next(module.parameters(), None) is not None
 
 
+def wrapped(t: torch.Tensor, suffix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """The tensors that hold ``t``'s bytes, each with a suffix for its name: ``t`` itself, a
+    DTensor's local shard, the tensor inside a wrapper subclass of one (a functional collective's
+    result), or each tensor inside a wrapper subclass of several, suffixed ``.<attribute>``
+    (NOTE [ DTensors ] and NOTE [ Wrapper subclasses ] in torch_patch.opstream)."""
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        return [(suffix, t)]
+    local = getattr(t, "_local_tensor", None)
+    if isinstance(local, torch.Tensor):
+        return wrapped(local, suffix)
+    if not is_traceable_wrapper_subclass(t):
+        return [(suffix, t)]
+    names, _ = t.__tensor_flatten__()
+    inner = [(name, i) for name in names if isinstance(i := getattr(t, name, None), torch.Tensor)]
+    if len(inner) == 1:
+        return wrapped(inner[0][1], suffix)
+    return [w for name, i in inner for w in wrapped(i, f"{suffix}.{name}")]
+
+
 def persistent_names(
     roots: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]
 ) -> tuple[list[PersistentName], dict[int, str]]:
@@ -75,16 +95,14 @@ def persistent_names(
     param_names: dict[int, str] = {}
 
     def add(name: str, kind: str, t: torch.Tensor) -> None:
-        local = getattr(t, "_local_tensor", None)  # a DTensor: NOTE [ DTensors ] in opstream
-        if isinstance(local, torch.Tensor):
-            t = local
-        try:
-            s = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        if id(s) not in seen:
-            seen.add(id(s))
-            out.append(PersistentName(name, kind, s))
+        for suffix, part in wrapped(t):
+            try:
+                s = part.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            if id(s) not in seen:
+                seen.add(id(s))
+                out.append(PersistentName(name + suffix, kind, s))
 
     for i, root in enumerate(roots):
         prefix = f"root{i}." if len(roots) > 1 else ""

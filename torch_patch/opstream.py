@@ -94,9 +94,10 @@ from torch_patch.identity import (
     persistent_names,
     produced_id,
     signals_outside_callbacks,
+    wrapped,
 )
 
-__all__ = ["OpInfo", "OpStream", "active_stream", "mark_iteration", "parts"]
+__all__ = ["OpInfo", "OpStream", "active_stream", "holders", "mark_iteration", "parts"]
 
 _ACTIVE: list[OpStream] = []
 _Tensor = torch.Tensor
@@ -115,16 +116,12 @@ def _local(t: _Tensor) -> _Tensor:
     and ``torch.distributed._functional_collectives`` return) wraps the tensor the collective
     fills, and an op on it, which waits for the collective first, uses that tensor. Its own
     storage is no memory at all: reading it, as the profile's fingerprints of live storages
-    do, crashed the process (NOTE [ Busy in a collective ] in planner.problem)."""
-    local = getattr(t, "_local_tensor", None)
-    if isinstance(local, _Tensor):
-        return local
-    if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
-        names, _ = t.__tensor_flatten__()
-        inner = getattr(t, names[0], None) if len(names) == 1 else None
-        if isinstance(inner, _Tensor):
-            return _local(inner)
-    return t
+    do, crashed the process (NOTE [ Busy in a collective ] in planner.problem). A wrapper of
+    several is ``t`` itself here (NOTE [ Wrapper subclasses ])."""
+    if type(t) in _PLAIN:
+        return t
+    inner = wrapped(t)
+    return inner[0][1] if len(inner) == 1 else t
 
 
 # NOTE [ Sparse tensors ]: a sparse tensor has no storage of its own: its bytes are in
@@ -151,6 +148,14 @@ def parts(t: _Tensor) -> tuple[_Tensor, ...]:
     except (RuntimeError, NotImplementedError):
         pass
     return ()
+
+
+def holders(t: _Tensor) -> tuple[_Tensor, ...]:
+    """The tensors whose storages hold ``t``'s bytes: its own (a DTensor's local shard, a one-tensor
+    wrapper's inner tensor: ``_local``), a sparse tensor's parts, and each tensor inside a wrapper
+    subclass of several (NOTE [ Wrapper subclasses ])."""
+    inner = (t,) if type(t) in _PLAIN else tuple(i for _, i in wrapped(t))
+    return tuple(h for i in inner for h in ((i,) if i.layout is torch.strided else parts(i)))
 
 
 def tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[_Tensor]:
@@ -491,11 +496,21 @@ class OpStream(TorchDispatchMode):
     # a tensor; skipped, the op looked to teraio as if it did not use that storage, and `teraio
     # run` could have it out at the op (a deep copy of a state dict then failed in ``set_``). It
     # counts as an input, through a byte view of it.
+    # NOTE [ Wrapper subclasses ]: a wrapper subclass of several tensors (``__tensor_flatten__``
+    # naming them; torchao's float8 and NF4 tensors are so: data and scale) has a storage of its
+    # own that holds no memory, and its op runs on the tensors inside, below the mode. Taken as it
+    # was, its storage was named and read at the profile's fingerprints (a crash), and the tensors
+    # inside were never seen used, so a plan could free them under the ops on it. So, as a sparse
+    # tensor's parts, each tensor inside counts as an argument or result of the op (``holders``).
     @staticmethod
     def _input(index: int, pos: int, t: _Tensor, write: bool,
                inputs: list[tuple[int, _Tensor, bool]], ids: StorageIds) -> int:
         if type(t) not in _PLAIN:
             t = _local(t)
+            if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):  # NOTE [ Wrapper subclasses ]
+                for part in holders(t):
+                    pos = OpStream._input(index, pos, part, write, inputs, ids)
+                return pos + 1
         try:
             s = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse: NOTE [ Sparse tensors ]
@@ -515,6 +530,10 @@ class OpStream(TorchDispatchMode):
         """Records output ``t`` at position ``pos``; returns the next output's position."""
         if type(t) not in _PLAIN:
             t = _local(t)
+            if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):  # NOTE [ Wrapper subclasses ]
+                for part in holders(t):
+                    pos = OpStream._output(index, pos, part, outputs, ids)
+                return pos + 1
         try:
             s = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse: NOTE [ Sparse tensors ]
@@ -855,7 +874,7 @@ class OpStream(TorchDispatchMode):
         with _no_gc():  # its tuples would start collections of the whole heap: 1.7 s for 100 ms
             found = list(_held_by(dataset))
         for t in found:
-            for part in (t,) if t.layout is torch.strided else parts(t):
+            for part in holders(t):
                 storage = _own_storage(part)
                 if storage is not None and storage not in self.foreign:
                     storages.append(storage)
@@ -869,7 +888,7 @@ class OpStream(TorchDispatchMode):
         step) or of a communication hook's callback reads or writes are others' to manage (NOTE
         [ Data loading is not counted ], NOTE [ Communication hooks ])."""
         for t in tensor_args(args, kwargs):
-            for part in (t,) if t.layout is torch.strided else parts(t):
+            for part in holders(t):
                 self._manage_theirs(part)
 
     # NOTE [ Storages others resize ] (and those exported: NOTE [ DLPack exports ]): FSDP2
@@ -1312,10 +1331,11 @@ def _storages(tensors: Iterable[_Tensor]) -> list[torch.UntypedStorage]:
     """The storages of ``tensors`` (a sparse tensor's parts' too)."""
     out = []
     for t in tensors:
-        try:
-            out.append(_local(t).untyped_storage())
-        except (RuntimeError, NotImplementedError):  # sparse: NOTE [ Sparse tensors ]
-            out += _storages(parts(t))
+        for part in holders(t):
+            try:
+                out.append(part.untyped_storage())
+            except (RuntimeError, NotImplementedError):  # a tensor with no storage (mkldnn)
+                pass
     return out
 
 

@@ -331,3 +331,44 @@ def test_a_run_whose_steps_changed_after_the_profiled_ones_says_to_profile_past_
     assert "teraio profile --warmup 4" in _summary(report([3, 4, 5]))
     assert "every iteration" not in _summary(report([3, 5]))  # an evaluation every other step
     assert "every iteration" not in _summary(report([4, 5]))  # an evaluation in the last step, say
+
+
+TWO_TENSOR = """
+import torch
+from torch import nn
+from torch.testing._internal.two_tensor import TwoTensor
+
+torch.manual_seed(0)
+w1, w2 = nn.Linear(256, 1024), nn.Linear(1024, 256)
+opt = torch.optim.SGD([*w1.parameters(), *w2.parameters()], lr=1e-2)
+g = torch.Generator().manual_seed(1)
+for step in range(6):
+    x = torch.randn(128, 256, generator=g)
+    y = w2(torch.tanh(w1(TwoTensor(x, x * 0.5))) * 3.0)  # the gradients are TwoTensors too
+    loss = y.square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"step {step} loss {loss.item()!r}", flush=True)
+"""
+
+
+def test_a_wrapper_subclass_of_two_tensors_is_moved_as_its_two_tensors(tmp_path: Path) -> None:
+    """NOTE [ Wrapper subclasses ] in torch_patch.opstream: a wrapper subclass of several tensors
+    (as torchao's float8 and NF4 tensors are; here PyTorch's test TwoTensor, whose activations and
+    gradients hold two tensors each) owns a storage with no memory, which the profile read and
+    crashed on; each tensor inside is named (the gradient's ``.grad.a`` and ``.grad.b``) and
+    moved, and the run trains as the plain one at the smallest budget."""
+    script = tmp_path / "two.py"
+    script.write_text(TWO_TENSOR)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    r = run_teraio("profile", script, "--out", tmp_path / "profile")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", "min", "--ssd-bw", "2", "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    moved = {m.get("name") for m in json.loads((tmp_path / "plan.json").read_text())["ranks"]["0"]}
+    assert {"root0.weight.grad.a", "root0.weight.grad.b"} <= moved, moved
+    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert losses(r.stdout) == losses(plain.stdout) and len(losses(plain.stdout)) == 6
