@@ -18,6 +18,8 @@ collectives (``_c10d_functional.*``, which DTensor and tensor parallelism use),
 whose result is filled until an op on it waits (``profiles.views.leaves_in_flight``):
 planned, a job whose rank 1 reached its all-reduce 50 ms late had the result
 sent out and back while gloo filled it, and trained to other losses, then crashed.
+A view of that result is taken without waiting, so a period that starts at a
+view op after such an op is busy too (``_busy_in_flight``).
 
 NOTE [ Trailing periods ]: a period with ``reads_back`` false runs from a
 storage's last access to its death: ``end_op`` is the op at which it is no
@@ -47,7 +49,7 @@ import pandas as pd
 
 from planner.errors import InfeasibleBudgetError
 from profiles import Profile, active_bytes, inactive_periods, made_bytes, memory_curve
-from profiles.views import leaves_in_flight
+from profiles.views import is_view_op, leaves_in_flight
 
 __all__ = ["PlanProblem", "check_capacity", "cyclic_add", "first_problem", "median_durations_us",
            "problem_from_profile", "resident_need_bytes", "written_unseen"]
@@ -144,6 +146,35 @@ def written_unseen(profile: Profile, rank: int = 0) -> list[str]:
     return list((profile.meta.get("written_unseen") or {}).get(str(rank), []))
 
 
+def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataFrame) -> np.ndarray:
+    """Which of ``periods`` start where a collective still uses the tensor (NOTE [ Busy in a
+    collective ]): at an op that leaves it in flight, or at a view op (``is_view_op``) of it whose
+    accesses before, back to such an op, are all views: a functional collective's result runs
+    views without waiting, and a plan that moved the tensor after ``fc.all_reduce(x).view(...)``
+    had gloo fill a freed storage (a corrupted heap)."""
+    if not len(names):
+        return np.zeros(len(periods), bool)
+    num = len(names)
+    starts, tids = periods["start_op"].to_numpy(), periods["tensor_id"].to_numpy()
+    busy = np.array([leaves_in_flight(str(names[k % num])) for k in starts], bool)
+    if not any(leaves_in_flight(str(name)) for name in set(names)):
+        return busy
+    views = [i for i in np.flatnonzero(~busy) if is_view_op(str(names[starts[i] % num]))]
+    if not views:
+        return busy
+    ops_of = accesses.groupby("tensor_id")["op_index"].unique()
+    for i in views:
+        start = int(starts[i] % num)
+        before = np.sort(ops_of.get(tids[i], np.array([], np.int64)))
+        for op in before[before < start][::-1]:  # back through the views to what made it
+            name = str(names[op])
+            if leaves_in_flight(name):
+                busy[i] = True
+            if not is_view_op(name):
+                break
+    return busy
+
+
 def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None = None) -> PlanProblem:
     """The arrays of one rank's (first recorded, by default) iteration of ``profile``; by default its
     op times are the median over the recorded iterations (``median_durations_us``)."""
@@ -158,8 +189,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
     if written_unseen(profile, rank):
         fixed = pd.concat([fixed, tensors["tensor_id"][tensors["kind"].isin(NAMED_KINDS)]])
     names = kernels["op_name"].to_numpy(object)
-    busy = np.array([leaves_in_flight(str(names[k % len(names)])) for k in periods["start_op"]], bool) \
-        if len(names) else np.zeros(len(periods), bool)
+    busy = _busy_in_flight(periods, names, profile.accesses_of(rank, iteration))
     periods = periods[(periods["size_bytes"] > 0) & ~periods["tensor_id"].isin(fixed) & ~busy]
     named = tensors[tensors["name"].notna() & tensors["tensor_id"].isin(periods["tensor_id"])]
     num_ops = len(kernels)

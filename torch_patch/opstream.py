@@ -221,9 +221,13 @@ def _no_gc() -> Iterator[None]:
 
 
 def _own_storage(t: _Tensor) -> torch.UntypedStorage | None:
-    """``t``'s storage (a DTensor's local one); None for a tensor with no storage of its own."""
+    """``t``'s storage (a DTensor's local one); None for a tensor with no storage of its own (a
+    wrapper subclass of several: NOTE [ Wrapper subclasses ])."""
+    t = _local(t)
+    if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
+        return None
     try:
-        return _local(t).untyped_storage()
+        return t.untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
 
@@ -1232,14 +1236,11 @@ class OpStream(TorchDispatchMode):
         t = _local(tensor)
         while is_functorch_wrapped_tensor(t):  # inside torch.func.grad, vmap, jacrev
             t = get_unwrapped(t)
-        try:
-            storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # a subclass with no storage of its own
-            storage = None
-        if storage is None:
+        storages = [s for s in map(_own_storage, holders(t)) if s is not None]
+        if not storages:
             yield
         else:
-            with self._in_memory([storage]):
+            with self._in_memory(storages):
                 yield
 
     @contextlib.contextmanager
