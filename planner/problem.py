@@ -149,15 +149,17 @@ def written_unseen(profile: Profile, rank: int = 0) -> list[str]:
 def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataFrame) -> np.ndarray:
     """Which of ``periods`` start where a collective still uses the tensor (NOTE [ Busy in a
     collective ]): at an op that leaves it in flight, or at a view op (``is_view_op``) of it whose
-    accesses before, back to such an op, are all views: a functional collective's result runs
+    accesses before, back to a functional collective, are all views: the collective's result runs
     views without waiting, and a plan that moved the tensor after ``fc.all_reduce(x).view(...)``
-    had gloo fill a freed storage (a corrupted heap)."""
+    had gloo fill a freed storage (a corrupted heap). Not after c10d's ops, which a script waits
+    for (``Work.wait``) before it uses their tensors: a profile with none of the functional ones
+    is planned as before."""
     if not len(names):
         return np.zeros(len(periods), bool)
     num = len(names)
     starts, tids = periods["start_op"].to_numpy(), periods["tensor_id"].to_numpy()
     busy = np.array([leaves_in_flight(str(names[k % num])) for k in starts], bool)
-    if not any(leaves_in_flight(str(name)) for name in set(names)):
+    if not any(leaves_in_flight(str(name)) and not str(name).startswith("c10d.") for name in set(names)):
         return busy
     views = [i for i in np.flatnonzero(~busy) if is_view_op(str(names[starts[i] % num]))]
     if not views:
@@ -168,7 +170,7 @@ def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataF
         before = np.sort(ops_of.get(tids[i], np.array([], np.int64)))
         for op in before[before < start][::-1]:  # back through the views to what made it
             name = str(names[op])
-            if leaves_in_flight(name):
+            if leaves_in_flight(name) and not name.startswith("c10d."):  # c10d's: the script waits first
                 busy[i] = True
             if not is_view_op(name):
                 break
