@@ -49,6 +49,7 @@ import pandas as pd
 
 from planner.errors import InfeasibleBudgetError
 from profiles import Profile, active_bytes, inactive_periods, made_bytes, memory_curve
+from profiles.ids import CARRIED_FLAG
 from profiles.views import is_view_op, leaves_in_flight
 
 __all__ = ["PlanProblem", "check_capacity", "cyclic_add", "first_problem", "median_durations_us",
@@ -146,14 +147,16 @@ def written_unseen(profile: Profile, rank: int = 0) -> list[str]:
     return list((profile.meta.get("written_unseen") or {}).get(str(rank), []))
 
 
-def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataFrame) -> np.ndarray:
+def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataFrame,
+                    tensors: pd.DataFrame) -> np.ndarray:
     """Which of ``periods`` start where a collective still uses the tensor (NOTE [ Busy in a
     collective ]): at an op that leaves it in flight, or at a view op (``is_view_op``) of it whose
     accesses before, back to a functional collective, are all views: the collective's result runs
     views without waiting, and a plan that moved the tensor after ``fc.all_reduce(x).view(...)``
-    had gloo fill a freed storage (a corrupted heap). Not after c10d's ops, which a script waits
-    for (``Work.wait``) before it uses their tensors: a profile with none of the functional ones
-    is planned as before."""
+    had gloo fill a freed storage (a corrupted heap). For a storage alive across the iteration's
+    boundary the walk goes on through the iteration before (a result made before the optimizer's
+    step and viewed after it). Not after c10d's ops, which a script waits for (``Work.wait``)
+    before it uses their tensors: a profile with none of the functional ones is planned as before."""
     if not len(names):
         return np.zeros(len(periods), bool)
     num = len(names)
@@ -165,10 +168,23 @@ def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataF
     if not views:
         return busy
     ops_of = accesses.groupby("tensor_id")["op_index"].unique()
+    life = {int(t): (int(a), int(f)) for t, a, f in
+            zip(tensors["tensor_id"], tensors["alloc_op"], tensors["free_op"], strict=True)}
+    empty = np.array([], np.int64)
     for i in views:
-        start = int(starts[i] % num)
-        before = np.sort(ops_of.get(tids[i], np.array([], np.int64)))
-        for op in before[before < start][::-1]:  # back through the views to what made it
+        start, tid = int(starts[i] % num), int(tids[i])
+        ops = np.sort(ops_of.get(tid, empty))
+        walk = [ops[ops < start][::-1]]  # back through the views to what made it
+        if tid in life:  # on through the iteration before, where the storage lived then
+            alloc, free = life[tid]
+            if alloc < 0 and free < 0:
+                walk.append(ops[ops > start][::-1])
+            elif 0 <= free <= alloc and start < free:  # made late in an iteration, freed in the next
+                walk.append(ops[ops >= alloc][::-1])
+            elif tid & CARRIED_FLAG and (base := tid & ~CARRIED_FLAG) in life:
+                made = np.sort(ops_of.get(base, empty))
+                walk.append(made[made >= life[base][0]][::-1])
+        for op in np.concatenate(walk):
             name = str(names[op])
             if leaves_in_flight(name) and not name.startswith("c10d."):  # c10d's: the script waits first
                 busy[i] = True
@@ -191,7 +207,7 @@ def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None 
     if written_unseen(profile, rank):
         fixed = pd.concat([fixed, tensors["tensor_id"][tensors["kind"].isin(NAMED_KINDS)]])
     names = kernels["op_name"].to_numpy(object)
-    busy = _busy_in_flight(periods, names, profile.accesses_of(rank, iteration))
+    busy = _busy_in_flight(periods, names, profile.accesses_of(rank, iteration), tensors)
     periods = periods[(periods["size_bytes"] > 0) & ~periods["tensor_id"].isin(fixed) & ~busy]
     named = tensors[tensors["name"].notna() & tensors["tensor_id"].isin(periods["tensor_id"])]
     num_ops = len(kernels)

@@ -63,3 +63,28 @@ def test_a_plan_makes_room_for_scratch_and_reports_the_tracked_peak_without_it()
     s = summarize(planned, hw)
     assert s["max_scratch_bytes"] == 60 and s["peak_after_bytes"] <= 160
     assert s["peak_tracked_after_bytes"] == 150  # ops 0 and 3, with a and b in and no scratch
+
+
+@pytest.mark.parametrize(("all_reduce_at", "view_at", "tanh_at", "alloc_op", "free_op"), [
+    (1, 2, 7, -1, -1),  # in one iteration
+    (8, 1, 5, 8, 6),  # made before the boundary (the optimizer's step), viewed after it, freed at op 6
+    (8, 1, 5, -1, -1),  # alive throughout
+])
+def test_a_view_of_a_functional_collectives_result_starts_no_planned_period(
+        all_reduce_at: int, view_at: int, tanh_at: int, alloc_op: int, free_op: int) -> None:
+    """NOTE [ Busy in a collective ]: the result of ``fc.all_reduce`` runs a view without waiting
+    for the collective, so the period from the view to the op that waits (``tanh``) is no more
+    planned than one from the collective itself, also where the view comes after the boundary."""
+    names = ["aten.mm.default"] * 10
+    names[all_reduce_at], names[view_at], names[tanh_at] = (
+        "_c10d_functional.all_reduce.default", "aten.view.default", "aten.tanh.default")
+    profile = make_profile([10.0] * 10, [{"tensor_id": 2, "size_bytes": 64 << 20, "alloc_op": alloc_op,
+                                          "free_op": free_op}],
+                           [(all_reduce_at, 2), (view_at, 2), (tanh_at, 2)])
+    profile.kernels["op_name"] = names
+    problem = problem_from_profile(profile)
+    assert view_at not in problem.start_op[problem.tensor_id == 2], problem.start_op
+    names[all_reduce_at] = "aten.add.Tensor"  # a result no collective fills: the same period is planned
+    profile.kernels["op_name"] = names
+    problem = problem_from_profile(profile)
+    assert view_at in problem.start_op[problem.tensor_id == 2], problem.start_op
