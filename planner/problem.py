@@ -147,6 +147,11 @@ def written_unseen(profile: Profile, rank: int = 0) -> list[str]:
     return list((profile.meta.get("written_unseen") or {}).get(str(rank), []))
 
 
+def _functional(op_name: str) -> bool:
+    """A functional collective (NOTE [ Busy in a collective ]): in flight, not c10d's."""
+    return leaves_in_flight(op_name) and not op_name.startswith("c10d.")
+
+
 def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataFrame,
                     tensors: pd.DataFrame) -> np.ndarray:
     """Which of ``periods`` start where a collective still uses the tensor (NOTE [ Busy in a
@@ -162,7 +167,7 @@ def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataF
     num = len(names)
     starts, tids = periods["start_op"].to_numpy(), periods["tensor_id"].to_numpy()
     busy = np.array([leaves_in_flight(str(names[k % num])) for k in starts], bool)
-    if not any(leaves_in_flight(str(name)) and not str(name).startswith("c10d.") for name in set(names)):
+    if not any(_functional(str(name)) for name in set(names)):
         return busy
     views = [i for i in np.flatnonzero(~busy) if is_view_op(str(names[starts[i] % num]))]
     if not views:
@@ -186,7 +191,7 @@ def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataF
                 walk.append(made[made >= life[base][0]][::-1])
         for op in np.concatenate(walk):
             name = str(names[op])
-            if leaves_in_flight(name) and not name.startswith("c10d."):  # c10d's: the script waits first
+            if _functional(name):  # not c10d's: the script waits first
                 busy[i] = True
             if not is_view_op(name):
                 break

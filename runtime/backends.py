@@ -476,9 +476,9 @@ class HostBackend:
         copy_bytes(self.pool[off:off + n], src, non_blocking)
         self._blocks[key] = (off, n)
         if non_blocking and src.is_cuda:
-            self._launched(key, src.device)
+            self._copy_launched(key, src.device)
 
-    def _launched(self, key: int, device: torch.device) -> None:
+    def _copy_launched(self, key: int, device: torch.device) -> None:
         self._last_copy[key] = event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(device))
 
@@ -491,7 +491,7 @@ class HostBackend:
         self._host_ready(key, dst)
         copy_bytes(dst, self.pool[off:off + n], non_blocking)
         if non_blocking and dst.is_cuda:
-            self._launched(key, dst.device)
+            self._copy_launched(key, dst.device)
 
     def _host_ready(self, key: int, dst: torch.Tensor | None) -> None:
         """Wait for ``key``'s write on a stream before the host reads it (``dst`` on the CPU, or

@@ -278,17 +278,18 @@ class MigrationEngine:
             with torch.cuda.stream(stream):
                 job.work()
             job.ended.record(stream)
-        except Exception as exc:  # noqa: BLE001 - handed to the main thread
-            job.error, job.ended = exc, None
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            # a Ctrl-C, or SIGTERM's SystemExit, is not the job's error: raised, once whatever of
+            # the job was launched is done (its blocks may go back)
+            interrupted = not isinstance(exc, Exception)
+            if interrupted:
+                torch.cuda.synchronize(job.device)
+            job.error, job.ended = RuntimeError("interrupted") if interrupted else exc, None
             self.completed.append(job)
             job.done.set()
+            if interrupted:
+                raise
             return
-        except BaseException:  # a Ctrl-C, or SIGTERM's SystemExit: not the job's error; whatever of it
-            torch.cuda.synchronize(job.device)  # was launched is done before its blocks go back
-            job.error, job.ended = RuntimeError("interrupted"), None
-            self.completed.append(job)
-            job.done.set()
-            raise
         launched.append(job)
 
     def _pump(self, direction: str) -> None:

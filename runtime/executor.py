@@ -165,9 +165,13 @@ def _on_stream(backend: Backend, tensor: torch.Tensor, stream_copies: bool) -> A
     """The device of a job that moves ``tensor`` to or from ``backend`` as a copy launched on a
     stream (NOTE [ Copies ordered on streams ] in runtime.engine), or None."""
     if (not stream_copies or not isinstance(backend, HostBackend) or not backend.on_stream(tensor)
-            or torch.cuda.current_stream(tensor.device) != torch.cuda.default_stream(tensor.device)):
+            or not _on_default_stream(tensor.device)):
         return None
     return tensor.device
+
+
+def _on_default_stream(device: torch.device) -> bool:
+    return bool(torch.cuda.current_stream(device) == torch.cuda.default_stream(device))
 
 
 def _event_now(device: torch.device) -> Any:
@@ -329,7 +333,8 @@ class PlanExecutor(OpStream):
             schedule = None
         if self._writing and schedule is None:  # NOTE [ Streamed saves ]: its copies' ops, on demand:
             return  # nothing freed under them (a write finished), nor brought back
-        self.engine.poll()
+        if self.stream_copies:
+            self.engine.poll()
         if self.engine.completed:
             self._drain()
         if self._left_over and not (name in UNCHECKED_ALIASES or name.startswith(_NOT_READING)):  # NOTE [ Left over ]
@@ -680,8 +685,7 @@ class PlanExecutor(OpStream):
             # frees go back to their stream's pool, which is the stream that waits only where the
             # storage was made on the stream current here (the default one, for a script with no
             # streams of its own)
-            if not (job.device is not None and torch.cuda.current_stream(job.device) == torch.cuda.default_stream(
-                    job.device) and self.engine.order(job)):
+            if not (job.device is not None and _on_default_stream(job.device) and self.engine.order(job)):
                 self.engine.promote(job)
                 self._await(job)
             self._stalled(cause, time.perf_counter() - t0)
