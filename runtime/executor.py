@@ -547,6 +547,8 @@ class PlanExecutor(OpStream):
     def _offload(self, tid: int, storage: torch.UntypedStorage, target: str, urgent: bool,
                  name: str | None = None, priority: int = 0) -> None:
         if self._read_elsewhere(tid, storage):
+            if self.schedule is not None:  # out once the read is done (NOTE [ Reads on other threads ])
+                self._held_back.setdefault(tid, target)
             return
         if not self.movable(storage):
             what = self._describe(tid, name)
@@ -1143,9 +1145,8 @@ class PlanExecutor(OpStream):
     @contextmanager
     def streaming(self) -> Iterator[None]:
         """A torch.save that writes out storages from their copies. On a thread other than the
-        training thread, what it pickles is held in memory until it ends (NOTE [ Reads on other
-        threads ]): a storage resident then is not freed under its write, nor one out then once an
-        op brings it back."""
+        training thread, a device's storage it pickles is held in memory until it ends (NOTE [
+        Streamed saves ] in runtime.saves)."""
         streams = self._streams
         streams.depth = getattr(streams, "depth", 0) + 1
         if streams.depth == 1:
@@ -1188,23 +1189,40 @@ class PlanExecutor(OpStream):
     @_locked
     def pickled_bytes(self, storage: torch.UntypedStorage) -> int:
         """The size ``storage`` is saved at: its recorded size if it is out (freed in place). On
-        another thread, held from now to the save's end, its transfer in flight done first; a
-        device's storage brought back there (torch copies it to host memory unlocked)."""
+        another thread, a device's storage is brought back and held from now to the save's end
+        (torch copies it to host memory unlocked, before its record is written)."""
         tid = self.ids.get(storage)
-        if tid is not None and threading.get_ident() != self._thread:
+        if tid is not None and storage.device.type != "cpu" and threading.get_ident() != self._thread:
             self._streams.held.append(storage)  # released at the save's end, whatever _hold raises
-            self._hold(tid, storage, bring_back=storage.device.type != "cpu")
+            self._hold(tid, storage, bring_back=True)
         entry = self.moved.get(tid) if tid is not None else None
         if entry is not None and entry.state in (Residency.SSD, Residency.HOST):
             return entry.nbytes
         return storage.nbytes()
 
-    @_locked
-    def saved_bytes(self, storage: torch.UntypedStorage, pickled: int, data: Any, nbytes: int) -> tuple[Any, int]:
+    @contextmanager
+    def saved_record(self, storage: torch.UntypedStorage, pickled: int, data: Any, nbytes: int
+                     ) -> Iterator[tuple[Any, int]]:
         """What torch.save is to write for ``storage``, given what it read (``data``, ``nbytes``):
         an out storage's copy, read into host memory; one whose read was in flight (on another
-        thread, any transfer: the training thread would free it under the write), once done."""
-        tid = self.ids.get(storage)
+        thread, any transfer: the training thread would free it under the write), once done. On
+        another thread, one in memory is held there until its record is written."""
+        held: list[torch.UntypedStorage] = []  # alive until released: their ids are theirs
+        try:
+            with self._lock:
+                tid = self.ids.get(storage)
+                if tid is not None and threading.get_ident() != self._thread:
+                    held.append(storage)  # released below, whatever _hold raises
+                    self._hold(tid, storage, bring_back=False)
+                record = self._saved_bytes(tid, storage, pickled, data, nbytes)
+            yield record
+        finally:
+            if held:
+                with self._lock:
+                    self._release(held)
+
+    def _saved_bytes(self, tid: int | None, storage: torch.UntypedStorage, pickled: int, data: Any, nbytes: int
+                     ) -> tuple[Any, int]:
         entry = self.moved.get(tid) if tid is not None else None
         training = threading.get_ident() == self._thread
         if tid is None or (entry is None and training):
@@ -1246,8 +1264,9 @@ class PlanExecutor(OpStream):
     # itself), its frees and its boundaries. A read on another thread takes it to bring back
     # what it reads (waiting for a write in flight first; a torch.save there writes what is out
     # of the CPU's memory from its copies instead: NOTE [ Streamed saves ] in runtime.saves),
-    # and marks those storages held: while a read holds one, the plan's offloads of it are left
-    # out (it stays in memory, which may take an iteration over its budget: said once). What it
+    # and marks those storages held: while a read holds one, the plan's offloads of it wait (it
+    # stays in memory, which may take an iteration over its budget: said once), and go before the
+    # training thread's next op once the read is done. What it
     # brought back where a followed plan has it out goes out again before the training thread's
     # next op that does not use it, as after an op of its own (NOTE [ Ops on a tensor going out
     # ]), freed against the copy its read kept: left in until the plan's next offload, a copy no

@@ -27,16 +27,20 @@ two types only where it has memory; an out storage is checked here (the file
 was written, the view read back as the other type).
 
 On a thread of the script's own (a checkpoint written in the background while
-training goes on), every storage it pickles is held from then to its end (NOTE [
-Reads on other threads ] in runtime.executor), its transfer in flight done
-first: the training thread does not free one resident then under its write, nor
-send one out again once an op brings it back. A CPU storage out is written from
-its copy, read with the records locked (the training thread waits for that one
-read), or, brought back meanwhile, from memory. A device's storage is brought
-back there and held (torch copies it to host memory with no lock and no op
-teraio sees), which takes memory as before. With ``--hold-on-demand``, such saves
-kept the iterations they overlapped within the budget on the CPU, where bringing
-what was out back for them took those to 1.30x. The legacy writer
+training goes on), a CPU storage is held in memory only while its own record is
+written (NOTE [ Reads on other threads ] in runtime.executor), its transfer in
+flight done first: the training thread does not free it under the write, and an
+offload the plan starts meanwhile goes once the write is done. One out then is
+written from its copy, read with the records locked (the training thread waits
+for that one read). Each was once held from its pickling to the save's end,
+which kept in memory what the plan sent out while the save ran: under load (CI,
+2 cores) the iteration a save overlapped went to 1.13-1.59x its budget with
+``--hold-on-demand``, in 2 of 5 runs. A device's storage is brought back when
+pickled and held to the save's end (torch copies it to host memory with no lock
+and no op teraio sees), which takes memory as before. With
+``--hold-on-demand``, such saves keep the iterations they overlap within the
+budget on the CPU, where bringing what was out back for them took those to
+1.30x. The legacy writer
 (``_use_new_zipfile_serialization=False``) and a torch whose writer takes other
 arguments bring the storages back as before (``PlanExecutor.resident_for``).
 """
@@ -139,7 +143,8 @@ class _Records:
             self._executor.writing_records()
         named = self._sizes.get(name[5:]) if name.startswith("data/") else None
         if named is not None:
-            data, nbytes = self._executor.saved_bytes(*named, data, nbytes)
+            with self._executor.saved_record(*named, data, nbytes) as (data, nbytes):
+                return self._writer.write_record(name, data, nbytes)
         return self._writer.write_record(name, data, nbytes)
 
     def write_record_metadata(self, name: str, nbytes: int) -> Any:  # ``torch.serialization.skip_data``

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.errors import PlanFormatError
 from planner.plan import Migration, Plan
@@ -70,6 +71,20 @@ def on_a_thread(work: Callable[[], Any]) -> None:
     thread = threading.Thread(target=work)
     thread.start()
     thread.join()
+
+
+class OpNames(TorchDispatchMode):
+    """The names of the ops run on this thread in its body: a plan's op list, by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self._thread = threading.get_ident()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if threading.get_ident() == self._thread:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 def extra_op_at(at: int) -> Callable[[int], None]:
@@ -1128,6 +1143,91 @@ def test_a_save_on_a_thread_of_the_scripts_own_brings_nothing_back(plan: Plan, w
     saved = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
     assert torch.equal(saved["weight"] if what == "model.state_dict()" else saved.weight, expected)
 
+
+def test_a_save_on_a_thread_of_the_scripts_own_holds_a_storage_only_while_its_record_is_written(
+        plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ Streamed saves ] in runtime.saves: a background save that has pickled the weight in
+    memory, and not yet written it, leaves it free to go out as the plan sends it; its record is
+    then written from the copy. Held from its pickling to the save's end, it stayed in memory:
+    background saves under load took the iteration they overlapped to 1.59x its budget."""
+    model = torch.nn.Linear(256, 1024)
+    expected = model.weight.detach().clone()
+    pickled, go = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    class Gated(io.BytesIO):  # its first write comes once the whole object is pickled
+        def write(self, data: Any) -> int:
+            pickled.set()
+            go.wait(60)
+            return super().write(data)
+
+    def save(state: dict[str, torch.Tensor], file: io.BytesIO) -> None:
+        try:
+            torch.save(state, file)
+        except BaseException as exc:  # noqa: BLE001 - failed here, asserted on the test's thread
+            failed.append(exc)
+
+    buf = Gated()
+    with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
+        model(torch.randn(2, 256))
+        saving = threading.Thread(target=save, args=(model.state_dict(), buf))
+        saving.start()
+        try:
+            assert pickled.wait(60)
+            sent_out(ex, model.weight)
+            assert model.weight.untyped_storage().nbytes() == 0
+        finally:
+            go.set()
+            saving.join()
+    assert not failed, failed
+    saved = torch.load(io.BytesIO(buf.getvalue()))
+    assert torch.equal(saved["weight"], expected)
+
+def test_what_the_plan_sends_out_while_a_save_on_another_thread_writes_it_goes_out_after(
+        plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ Reads on other threads ]: an offload the plan starts while a background save writes
+    that storage's record waits for the write, and goes before the training thread's next op."""
+    model = torch.nn.Linear(256, 1024)
+    writing, go = threading.Event(), threading.Event()
+
+    class Gated(io.BytesIO):  # holds the weight's record (1 MiB) as it is written
+        def write(self, data: Any) -> int:
+            if len(data) >= model.weight.nbytes:
+                writing.set()
+                go.wait(60)
+            return super().write(data)
+
+    def ops() -> dict[str, torch.Tensor]:  # the training thread's, before the save's thread starts
+        model(torch.randn(2, 256, generator=torch.Generator().manual_seed(0)))
+        return model.state_dict()
+
+    with OpNames() as names:
+        ops()
+        torch.ones(3).add_(1)
+    buf = Gated()
+    with offload(plan_of([], names.ops), swap_dir=tmp_path, backend="posix") as ex:
+        ops()
+        torch.ones(3).add_(1)
+        mark_iteration()  # iteration 0 runs on demand: the plan is followed from iteration 1
+        state = ops()
+        storage = model.weight.untyped_storage()
+        tid = ex.ids.get(storage)
+        assert tid is not None
+        saving = threading.Thread(target=torch.save, args=(state, buf))
+        saving.start()
+        try:
+            assert writing.wait(60)
+            with pytest.warns(RuntimeWarning, match="read on another thread"):
+                ex._offload(tid, storage, "ssd", urgent=True)
+            assert tid not in ex.moved and storage.nbytes() == model.weight.nbytes
+        finally:
+            go.set()
+            saving.join()
+        torch.ones(3).add_(1)  # the training thread's next op
+        assert ex.schedule is not None, (ex.left_at, names.ops)
+        ex._wait(ex.moved[tid], "test")
+        assert storage.nbytes() == 0
+    assert torch.equal(torch.load(io.BytesIO(buf.getvalue()))["weight"], model.weight)
 
 def test_safetensors_save_of_a_tensor_out_writes_its_bytes(plan: Plan, tmp_path: Path) -> None:
     """NOTE [ Pointer checks ] in torch_patch.opstream: safetensors hands its writer a pointer to
