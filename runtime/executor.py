@@ -432,6 +432,8 @@ class PlanExecutor(OpStream):
             return
         stats = self.stats
         sizes = self.sizes
+        if self.hold_on_demand and leaves_in_flight(info.name):  # a functional collective's result:
+            self._busy.update(tid for tid, _, _ in outputs)  # written until an op waits for it
         for tid, t, new in outputs:
             if new:
                 n = _memory_of(t.untyped_storage())
@@ -807,10 +809,12 @@ class PlanExecutor(OpStream):
     # may: what the plan moves under lasting ids (parameters, optimizer state, storages kept for
     # good), and, where the plan moves named ones (so its profile saw no write teraio cannot
     # see), storages made in or handed to this iteration (activations, gradients, batches), at
-    # the size they were made at. Never one the op uses, one carried from the iteration before, one a collective used in
-    # this iteration or the one before (it may still be moving: NOTE [ Busy in a collective ] in
-    # planner.problem), another device's (a CUDA run's pinned batch an asynchronous copy may
-    # read), one another thread reads through torch.save, tolist or a deep copy, and nothing while
+    # the size they were made at. Never one the op uses, one carried from the iteration before,
+    # one a collective used or made in this iteration or the one before (it may still be moving:
+    # NOTE [ Busy in a collective ] in planner.problem; a functional collective's result, called
+    # through ``torch.ops._c10d_functional``, went out before its wait), another device's (a
+    # CUDA run's pinned batch an asynchronous copy may read), one another thread reads through
+    # torch.save, tolist or a deep copy, and nothing while
     # a torch.save on this thread runs (its pickling runs ``detach`` ops, and may make tensors
     # the save then writes: sent out, a checkpoint held empty records), nor one smaller than a
     # thousandth of the budget (at most 1 MiB; never under 8 KiB, which keeps a random state in:

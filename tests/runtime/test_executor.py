@@ -1050,6 +1050,36 @@ def test_storages_too_small_to_matter_are_never_sent_out_on_demand(plan: Plan, t
     assert ex.stats.evictions > 0 and sizes == {"small": 40, "large": 0, "state": 5056}, sizes
 
 
+def test_a_functional_collectives_result_is_not_sent_out_on_demand(plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ On demand within the budget ]: a functional collective's result is written by the
+    backend until an op waits for it (NOTE [ Busy in a collective ] in planner.problem), so an
+    iteration run on demand keeps it in, as it keeps a collective's inputs: the least recently
+    used, it went out first (its bytes taken before the backend wrote them)."""
+    import torch.distributed as dist
+
+    named = [dataclasses.replace(m, name="w") if k == 0 else m for k, m in enumerate(plan.migrations[0])]
+    held = dataclasses.replace(plan, migrations={0: named}, parameters={**plan.parameters, "gpu_mem_bytes": 128 << 10})
+    sizes: dict[str, int] = {}
+
+    def reduced_between_ops(step: int) -> None:
+        if step == 2:
+            extra_op_at(2)(step)  # the iteration leaves its plan: on demand from here
+            c10d = torch.ops._c10d_functional  # funcol's own calls wrap the result at once: busy
+            reduced = c10d.all_reduce(torch.ones(4096), "sum", dist.group.WORLD.group_name)
+            large = torch.ones(4096)
+            torch.ones(3).add_(1)  # out with what is not needed before this op
+            sizes.update(reduced=reduced.untyped_storage().nbytes(), large=large.untyped_storage().nbytes())
+            assert c10d.wait_tensor(reduced).sum().item() == 4096
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        expected = train(4)
+        with offload(held, swap_dir=tmp_path, hold_on_demand=True) as ex:
+            assert same(train(4, hook=reduced_between_ops), expected)
+    finally:
+        dist.destroy_process_group()
+    assert ex.stats.evictions > 0 and sizes == {"reduced": 16384, "large": 0}, sizes
+
 def sent_out(ex: Any, t: torch.Tensor) -> int:
     """Send ``t``'s storage out by hand and wait until it is; its id."""
     storage = t.untyped_storage()
