@@ -23,7 +23,8 @@ up). Communication adds *join* nodes of weight 0:
   does not wait for the receiver (pipelining's ``batch_isend_irecv`` sends
   asynchronously): its next op follows the send alone;
 - collectives (every other ``c10d.`` op: all-reduce, broadcast, all-gather,
-  reduce-scatter, barrier...): the k-th collective of every rank is one
+  reduce-scatter, barrier...; and the functional collectives, ``_c10d_functional.all_reduce``
+  and the rest, which DTensor's redistributions use): the k-th collective of every rank is one
   operation of the whole job; its join has every rank's k-th collective as
   predecessor and each rank's next op as successor, so it completes at the
   latest rank's arrival plus the transfer. Every collective is taken to span
@@ -81,6 +82,7 @@ import numpy as np
 from planner.errors import JobGraphError
 from planner.problem import PlanProblem
 from planner.simulate import SimResult
+from profiles.views import leaves_in_flight
 
 __all__ = ["RECV", "SEND", "JobPrediction", "RankOps", "is_collective", "job_graph", "predict_job",
            "rank_ops", "rank_ops_from_kernels"]
@@ -91,8 +93,11 @@ _AGAIN = "are the ranks' profiles of the same job and iteration? profile the job
 
 
 def is_collective(op_name: str) -> bool:
-    """A c10d op that every rank of the job takes part in (anything c10d but send and recv)."""
-    return op_name.startswith("c10d.") and op_name not in (SEND, RECV)
+    """An op that every rank of the job takes part in: anything c10d but send and recv, and a
+    functional collective (``_c10d_functional.all_reduce``; not its wrapping or its wait)."""
+    if op_name.startswith("c10d."):
+        return op_name not in (SEND, RECV)
+    return leaves_in_flight(op_name) and "._wrap_tensor_autograd." not in op_name
 
 
 @dataclass(frozen=True, eq=False)

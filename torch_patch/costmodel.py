@@ -7,8 +7,9 @@ every other op counts as memory-bound. Bytes are the sizes of the op's tensor
 arguments (read) plus its outputs (written); an in-place op's tensor counts
 both ways. Views and allocations launch no kernel and cost nothing.
 
-A c10d op (a collective, a send or a receive) moves its bytes over the
-device's link to its peers instead: NOTE [ Collective time ].
+A c10d op (a collective, a send or a receive) and a functional collective move
+their bytes over the device's link to their peers instead: NOTE [ Collective
+time ].
 
 What this leaves out, on purpose: achieved (not peak) rates, cache reuse,
 kernel fusion, and overlap between ops. A fake profile's times are therefore
@@ -86,6 +87,34 @@ _RING_SHARE: dict[str, tuple[str, Callable[[int], float]]] = {  # op -> (argumen
 }
 
 
+# A functional collective (``_c10d_functional.all_reduce`` and the rest) moves the same bytes as
+# its c10d op, counted from its input: an all-gather's output is n of its inputs.
+_FUNCTIONAL_SHARE: dict[str, Callable[[int], float]] = {  # op -> share of its input's bytes
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_reduce_coalesced": lambda n: 2 * (n - 1) / n,
+    "all_gather_into_tensor": lambda n: n - 1,
+    "all_gather_into_tensor_coalesced": lambda n: n - 1,
+    "reduce_scatter_tensor": lambda n: (n - 1) / n,
+    "reduce_scatter_tensor_coalesced": lambda n: (n - 1) / n,
+    "all_to_all_single": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
+_FUNCTIONAL_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+
+
+def _functional_group_size(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    names = [a.name for a in func._schema.arguments]
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    if "group_size" in bound:
+        return int(bound["group_size"])
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return int(_resolve_process_group(bound["group_name"]).size())
+    except (ImportError, KeyError, RuntimeError, ValueError):  # no such group here: as one rank
+        return 1
+
+
 def _all_bytes(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         return _tensor_bytes(value)
@@ -156,6 +185,13 @@ class RooflineCostModel:
             return 0.0
         if func.namespace == "c10d":
             return self.collective_us(func, args, kwargs)
+        if func.namespace in _FUNCTIONAL_NAMESPACES:
+            name = func._schema.name.split("::")[1]
+            share = _FUNCTIONAL_SHARE.get(name)
+            if share is None:  # the wait and the wrapping launch no kernel; any other op one
+                return 0.0 if name in ("wait_tensor", "_wrap_tensor_autograd") else self.launch_us
+            n = _functional_group_size(func, args, kwargs)
+            return _all_bytes(args[0]) * share(n) / self.device.link_bw_bytes_per_s * 1e6 + self.launch_us
         nbytes = 0
         dtype = None
         for t in inputs:

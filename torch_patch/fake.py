@@ -33,12 +33,16 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from profiles import Profile
 from torch_patch.costmodel import RooflineCostModel
+from torch_patch.opstream import OpInfo
 from torch_patch.tracer import Tracer
 
 __all__ = ["FakeTracer"]
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
+# NOTE [ Fake functional collectives ]: where fake mode waits at once, what a real run records
+_WAIT = torch.ops._c10d_functional.wait_tensor.default if torch.distributed.is_available() else None
+_WRAP_INFO = OpInfo("_c10d_functional._wrap_tensor_autograd.default", False, frozenset(), frozenset())
 
 
 def _placeholder(dtype: torch.dtype) -> bool | int | float:
@@ -79,6 +83,8 @@ class FakeTracer(Tracer):
         self._clock_ns = 0.0
         self._now = self._clock  # type: ignore[assignment]
         self._t0 = 0
+        self._wrapping = False  # NOTE [ Fake functional collectives ]
+        self._orig_wrap: Any = None
 
     # NOTE [ The script's meta tensors ]: every fake tensor's storage is a meta one, which stands
     # for the memory of the device the fake tensor says it is on; but a tensor the script itself
@@ -100,6 +106,8 @@ class FakeTracer(Tracer):
     def run_op(self, index, func, args, kwargs, inputs):  # type: ignore[no-untyped-def]
         if func is _LOCAL_SCALAR:  # .item() and friends: no data to read
             out: Any = _placeholder(args[0].dtype)
+        elif self._wrapping and func is _WAIT:  # NOTE [ Fake functional collectives ]: no new storage
+            out = args[0]
         else:
             out = func(*args, **kwargs)
         if func is _LIFT_FRESH and out is not args[0]:
@@ -116,6 +124,33 @@ class FakeTracer(Tracer):
             rec.timed(self._clock_ns, us * 1e3)
             self._clock_ns += us * 1e3
         return out
+
+    # NOTE [ Fake functional collectives ]: a functional collective
+    # (``torch.distributed._functional_collectives``, which DTensor's redistributions use)
+    # wraps its result with ``_c10d_functional._wrap_tensor_autograd`` in a real run, and the
+    # op that first uses the wrapper waits for it inside the wrapper's own dispatch, where no
+    # mode sees it; until then the result is in flight. Under fake mode torch takes itself to be
+    # tracing and waits at once (``wait_tensor``), so a fake profile had an op a real run does
+    # not have there, and the result counted as done: a plan of it could move the result while
+    # a real run's collective still wrote it, and a real run left such a plan there, every
+    # iteration; its result, a new fake tensor, was a storage a real run does not have. The
+    # wait is recorded as the wrapping and returns the collective's result itself, as the
+    # wrapping wraps it (a fake tensor has nothing in flight to wait for).
+    def _wrap_as_a_real_run(self, orig: Any) -> Any:
+        def wrap(t: torch.Tensor) -> torch.Tensor:
+            self._wrapping = True
+            try:
+                return orig(t)
+            finally:
+                self._wrapping = False
+
+        return wrap
+
+    def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
+                 outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+        if self._wrapping and info.name == str(_WAIT):  # NOTE [ Fake functional collectives ]
+            info = _WRAP_INFO
+        super().after_op(index, info, inputs, outputs)
 
     def profile(self, meta: dict[str, Any]) -> Profile:
         dev = self.cost_model.device
@@ -149,10 +184,15 @@ class FakeTracer(Tracer):
         self.fake_mode.__enter__()
         self._orig_parameter_new, new = self._parameter_new()
         torch.nn.Parameter.__new__ = new  # type: ignore[method-assign,assignment]
+        if torch.distributed.is_available():
+            import torch.distributed._functional_collectives as funcol
+
+            self._orig_wrap = funcol._maybe_wrap_tensor
+            funcol._maybe_wrap_tensor = self._wrap_as_a_real_run(self._orig_wrap)
         try:
             return super().__enter__()
         except BaseException:
-            torch.nn.Parameter.__new__ = self._orig_parameter_new  # type: ignore[method-assign]
+            self._restore()
             self.fake_mode.__exit__(None, None, None)
             raise
 
@@ -160,5 +200,13 @@ class FakeTracer(Tracer):
         try:
             super().__exit__(*exc)
         finally:
-            torch.nn.Parameter.__new__ = self._orig_parameter_new  # type: ignore[method-assign]
+            self._restore()
             self.fake_mode.__exit__(*exc)
+
+    def _restore(self) -> None:
+        torch.nn.Parameter.__new__ = self._orig_parameter_new  # type: ignore[method-assign]
+        if self._orig_wrap is not None:
+            import torch.distributed._functional_collectives as funcol
+
+            funcol._maybe_wrap_tensor = self._orig_wrap
+            self._orig_wrap = None

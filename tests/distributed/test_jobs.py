@@ -349,3 +349,32 @@ def test_a_functional_collectives_result_is_not_moved_while_in_flight(tmp_path: 
         return sorted(re.findall(r"rank \d (?:step \d+ loss|final) -?\d+\.\d+(?:e-?\d+)?", stdout))
 
     assert lines(r.stdout) == lines(plain.stdout) and len(lines(plain.stdout)) == 14
+
+
+def test_a_fake_profile_of_functional_collectives_has_a_real_runs_ops(tmp_path: Path) -> None:
+    """NOTE [ Fake functional collectives ] in torch_patch.fake: under fake mode torch waits for a
+    functional collective at once (``wait_tensor``), where a real run wraps the result and waits
+    unseen at its first use. The fake profile of the job had that op in place of the wrapping, so
+    the result counted as done there, and a real run left its plan there, every iteration; now
+    each rank's ops and bytes in use are the real run's, and the job's iteration is predicted
+    with the all-reduce as a join of the two ranks (``planner.job``)."""
+    from profiles import active_bytes, read_profile
+
+    script = tmp_path / "functional.py"
+    script.write_text(FUNCTIONAL)
+    r = teraio("profile", "--nproc", "2", "--out", tmp_path / "real", script, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = finish(start(*TORCHRUN, "-m", "teraio", "profile", "--fake", "--gpu", "h100", "--out", tmp_path / "fake",
+                     script, cwd=tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    real, fake = read_profile(tmp_path / "real"), read_profile(tmp_path / "fake")
+    for rank in (0, 1):
+        names = fake.kernels_of(rank)["op_name"].tolist()
+        assert names == real.kernels_of(rank)["op_name"].tolist()
+        assert "_c10d_functional._wrap_tensor_autograd.default" in names
+        assert (active_bytes(fake, rank) == active_bytes(real, rank)).all()
+    r = teraio("plan", tmp_path / "fake", "--gpu-mem", "min", "--ssd-bw", "2", "--out", tmp_path / "plan.json",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "not predicted" not in r.stderr
+    assert json.loads((tmp_path / "plan.json").read_text())["summary"]["job_iteration_us"] > 0

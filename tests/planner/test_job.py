@@ -178,11 +178,14 @@ def test_the_critical_rank_is_the_stalled_stage() -> None:
     assert stalled.wait_us_by_rank[1] == pytest.approx(stalled.iteration_us - (5 + 150 + 5 + 150))
 
 
-def test_data_parallel_allreduce_is_the_latest_prefix_plus_the_rest() -> None:
-    spec = [("aten.mm", 40.0), ("aten.mm", 60.0), (ALLREDUCE, 30.0), ("aten.mm", 20.0), ("aten.add_", 10.0)]
+@pytest.mark.parametrize("allreduce", [ALLREDUCE, "_c10d_functional.all_reduce.default"])
+def test_data_parallel_allreduce_is_the_latest_prefix_plus_the_rest(allreduce: str) -> None:
+    """Also a functional collective's (DTensor's), followed by its wrapping, which no rank waits at."""
+    after = "_c10d_functional._wrap_tensor_autograd.default" if allreduce != ALLREDUCE else "aten.mm"
+    spec = [("aten.mm", 40.0), ("aten.mm", 60.0), (allreduce, 30.0), (after, 20.0), ("aten.add_", 10.0)]
     fast = ops(0, spec, {1: 5.0, 4: 7.0})
     slow_spec = list(spec)
-    slow_spec[2] = (ALLREDUCE, 12.0)  # this rank arrived last: it waited least, its time is the transfer
+    slow_spec[2] = (allreduce, 12.0)  # this rank arrived last: it waited least, its time is the transfer
     slow = ops(1, slow_spec, {0: 90.0, 2: 3.0})
     job = predict_job({0: fast, 1: slow})
     transfer = 12.0

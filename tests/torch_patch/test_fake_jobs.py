@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from profiles import Profile, active_bytes, memory_curve, merge_ranks, read_profile
@@ -146,10 +147,27 @@ def test_collectives_are_timed_over_the_link() -> None:
             dist.send(x, 1)
             out = torch.zeros(4 * 2**18)
             dist.all_gather_into_tensor(out, x)
+        calls.append(-1.0)  # then the functional collectives (DTensor's), timed alike
+        group = dist.group.WORLD
+        tracer = FakeTracer(cm, iters=1)
+        with pytest.raises(ProfileComplete), tracer:
+            x = torch.zeros(2**18)
+            mark_iteration()
+            funcol.all_reduce(x, "sum", group).add_(1)
+            funcol.all_gather_tensor(x, 0, group).add_(1)
+            funcol.reduce_scatter_tensor(x, "sum", 0, group).add_(1)
+            mark_iteration()
     finally:
         dist.destroy_process_group()
     mib = 2**20 / H100.link_bw_bytes_per_s * 1e6
-    assert calls == pytest.approx([2 * 3 / 4 * mib, mib, 3 / 4 * 4 * mib])
+    assert calls == pytest.approx([2 * 3 / 4 * mib, mib, 3 / 4 * 4 * mib, -1.0])
+    k = tracer.profile({}).kernels_of()
+    k = k[k["op_name"].str.startswith("_c10d_functional.")]
+    wrap = "_c10d_functional._wrap_tensor_autograd.default"  # NOTE [ Fake functional collectives ]
+    assert k["op_name"].tolist() == ["_c10d_functional.all_reduce.default", wrap,
+                                     "_c10d_functional.all_gather_into_tensor.default", wrap,
+                                     "_c10d_functional.reduce_scatter_tensor.default", wrap]
+    assert k["duration_us"].tolist() == pytest.approx([2 * 3 / 4 * mib, 0, 3 / 4 * 4 * mib, 0, 3 / 4 * mib, 0])
 
 
 def test_job_config_says_what_cannot_run() -> None:
