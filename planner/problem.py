@@ -19,7 +19,9 @@ whose result is filled until an op on it waits (``profiles.views.leaves_in_fligh
 planned, a job whose rank 1 reached its all-reduce 50 ms late had the result
 sent out and back while gloo filled it, and trained to other losses, then crashed.
 A view of that result is taken without waiting, so a period that starts at a
-view op after such an op is busy too (``_busy_in_flight``).
+view op after such an op is busy too (``_busy_in_flight``), and so is one of the
+collective's inputs that starts before an op waits for its result (the script
+may read an all-gather's input while the gather still reads it).
 
 NOTE [ Trailing periods ]: a period with ``reads_back`` false runs from a
 storage's last access to its death: ``end_op`` is the op at which it is no
@@ -169,10 +171,11 @@ def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataF
     busy = np.array([leaves_in_flight(str(names[k % num])) for k in starts], bool)
     if not any(_functional(str(name)) for name in set(names)):
         return busy
+    ops_of = accesses.groupby("tensor_id")["op_index"].unique()
+    _inputs_until_the_wait(busy, starts % num, tids, names, accesses, tensors, ops_of)
     views = [i for i in np.flatnonzero(~busy) if is_view_op(str(names[starts[i] % num]))]
     if not views:
         return busy
-    ops_of = accesses.groupby("tensor_id")["op_index"].unique()
     life = {int(t): (int(a), int(f)) for t, a, f in
             zip(tensors["tensor_id"], tensors["alloc_op"], tensors["free_op"], strict=True)}
     empty = np.array([], np.int64)
@@ -196,6 +199,34 @@ def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataF
             if not is_view_op(name):
                 break
     return busy
+
+
+def _inputs_until_the_wait(busy: np.ndarray, starts: np.ndarray, tids: np.ndarray, names: np.ndarray,
+                           accesses: pd.DataFrame, tensors: pd.DataFrame, ops_of: pd.Series) -> None:
+    """Marks ``busy`` the periods of a functional collective's inputs that start before an op
+    waits for its result (NOTE [ Busy in a collective ]): the backend reads them until then, and
+    the script may read them too (``y = fc.all_gather_tensor(x, ...); z = x * 2``), which would
+    start a period a plan could free ``x`` in while the gather still reads it. The wait is the
+    first op on the result (a tensor the collective made) that is not its wrapping or a view; with
+    none in the iteration, its end."""
+    made_at = dict(zip(tensors["tensor_id"], tensors["alloc_op"], strict=True))
+    collectives = [k for k, name in enumerate(names) if _functional(str(name))
+                   and "._wrap_tensor_autograd." not in str(name)]
+    at = accesses[accesses["op_index"].isin(collectives)].groupby("op_index")["tensor_id"].unique()
+    empty = np.array([], np.int64)
+    for k, used in at.items():
+        results = [t for t in used if made_at.get(t) == k]
+        wait = len(names)
+        for t in results:
+            later = np.sort(ops_of.get(t, empty))
+            for op in later[later > k]:
+                name = str(names[op])
+                if not (is_view_op(name) or "._wrap_tensor_autograd." in name):
+                    wait = min(wait, int(op))
+                    break
+        for t in used:
+            if t not in results:
+                busy |= (tids == t) & (starts > k) & (starts < wait)
 
 
 def problem_from_profile(profile: Profile, rank: int = 0, iteration: int | None = None) -> PlanProblem:

@@ -88,3 +88,22 @@ def test_a_view_of_a_functional_collectives_result_starts_no_planned_period(
     profile.kernels["op_name"] = names
     problem = problem_from_profile(profile)
     assert view_at in problem.start_op[problem.tensor_id == 2], problem.start_op
+
+
+def test_an_input_read_before_its_functional_collective_is_waited_for_starts_no_planned_period() -> None:
+    """NOTE [ Busy in a collective ]: ``y = fc.all_gather_tensor(x, ...)`` then ``x * 2`` (op 2),
+    before the op that waits for ``y`` (op 6): the gather still reads ``x``, so the period from
+    op 2 is no more planned than one from the gather itself; the one from ``x``'s read after the
+    wait (op 7) is, and all of them are where no collective reads ``x``."""
+    names = ["aten.mm.default"] * 10
+    names[2], names[3], names[6], names[7] = (
+        "aten.mul.Tensor", "_c10d_functional._wrap_tensor_autograd.default", "aten.tanh.default", "aten.add.Tensor")
+    x, y = {"tensor_id": 2, "size_bytes": 64 << 20}, {"tensor_id": 3, "size_bytes": 256 << 20, "alloc_op": 1,
+                                                    "free_op": 9}
+    profile = make_profile([10.0] * 10, [x, y], [(1, 2), (1, 3), (2, 2), (3, 3), (6, 3), (7, 2)])
+    for collective in (True, False):  # without, nothing reads it from op 1: the period from op 2 is planned
+        names[1] = "_c10d_functional.all_gather_into_tensor.default" if collective else "aten.cat.default"
+        profile.kernels["op_name"] = names
+        problem = problem_from_profile(profile)
+        starts = problem.start_op[problem.tensor_id == 2]
+        assert (2 not in starts) == collective and 7 in starts, starts
