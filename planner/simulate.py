@@ -22,6 +22,10 @@ in ``planner.problem``) is never prefetched: at its ``end_op`` the storage
 dies, the memory curve no longer counts it, and its offloaded copy (host
 buffer included) is dropped; an offload still in flight then is cancelled.
 
+A storage no op of the iteration uses (NOTE [ Untouched storages ] in
+``profiles.views``) goes out once: its move of the next iteration finds it
+still out, and writes nothing.
+
 A prefetch with ``keep_copy`` leaves its copy where it was (held in host
 memory as before), and the storage's next offload with ``reuse_copy`` then
 frees it at once, writing nothing; where no copy is kept yet (the first
@@ -195,6 +199,8 @@ class _Sim:
         # NOTE [ Copies kept ]: per storage, whether a prefetch kept its copy (not yet reused)
         self.tensor = [m.tensor_id for m in moves]
         self.reuse = [m.reuse_copy for m in moves]
+        # NOTE [ Untouched storages ] in profiles.views: out from one iteration to the next
+        self.untouched = [not m.reads_back and m.end_op == self.n + 1 for m in moves]
         self.keep = [m.keep_copy for m in moves]
         self.kept: dict[int, int] = {}  # storage -> the move whose prefetch kept its copy
         self.write_ch = ["host_write" if h else "ssd_write" for h in self.host]
@@ -344,6 +350,11 @@ class _Sim:
     def _start_offload(self, inst: int) -> None:
         m = inst % self.nm
         tid = inst * 2
+        if self.untouched[m] and inst >= self.nm and self.state[inst - self.nm] == _OUT:
+            self.state[inst - self.nm] = _DEAD  # NOTE [ Untouched storages ]: still out, nothing written
+            self.state[inst] = _OUT
+            self.t_start[tid] = self.t_end[tid] = self.now
+            return
         keeper = self.kept.pop(self.tensor[m], -1)
         if keeper >= 0:
             if self.reuse[m] and self.host[keeper] == self.host[m]:  # NOTE [ Copies kept ]: nothing written
