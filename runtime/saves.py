@@ -27,15 +27,17 @@ two types only where it has memory; an out storage is checked here (the file
 was written, the view read back as the other type).
 
 On a thread of the script's own (a checkpoint written in the background while
-training goes on), a CPU storage is held in memory only while its own record is
-written (NOTE [ Reads on other threads ] in runtime.executor), its transfer in
-flight done first: the training thread does not free it under the write, and an
-offload the plan starts meanwhile goes once the write is done. One out then is
-written from its copy, read with the records locked (the training thread waits
-for that one read). Each was once held from its pickling to the save's end,
-which kept in memory what the plan sent out while the save ran: under load (CI,
-2 cores) the iteration a save overlapped went to 1.13-1.59x its budget with
-``--hold-on-demand``, in 2 of 5 runs. A device's storage is brought back when
+training goes on), a CPU storage in memory when its record is written is copied
+into a host buffer of its own, and held in memory for the copy alone (NOTE [
+Reads on other threads ] in runtime.executor), its transfer in flight done
+first: the training thread does not free it under the copy, and an offload the
+plan starts meanwhile goes once the copy is done. One out then is written from
+its copy, read with the records locked (the training thread waits for that one
+read). Each was once held from its pickling to the save's end, which kept in
+memory what the plan sent out while the save ran: under load (CI, 2 cores) the
+iteration a save overlapped went to 1.13-1.59x its budget with
+``--hold-on-demand``, in 2 of 5 runs; held for its record's write, in 2 of 10
+(1.34x). A device's storage is brought back when
 pickled and held to the save's end (torch copies it to host memory with no lock
 and no op teraio sees), which takes memory as before. With
 ``--hold-on-demand``, such saves keep the iterations they overlap within the
@@ -143,8 +145,7 @@ class _Records:
             self._executor.writing_records()
         named = self._sizes.get(name[5:]) if name.startswith("data/") else None
         if named is not None:
-            with self._executor.saved_record(*named, data, nbytes) as (data, nbytes):
-                return self._writer.write_record(name, data, nbytes)
+            data, nbytes = self._executor.saved_bytes(*named, data, nbytes)
         return self._writer.write_record(name, data, nbytes)
 
     def write_record_metadata(self, name: str, nbytes: int) -> Any:  # ``torch.serialization.skip_data``

@@ -1213,11 +1213,14 @@ def test_a_save_on_a_thread_of_the_scripts_own_holds_a_storage_only_while_its_re
     saved = torch.load(io.BytesIO(buf.getvalue()))
     assert torch.equal(saved["weight"], expected)
 
-def test_what_the_plan_sends_out_while_a_save_on_another_thread_writes_it_goes_out_after(
+def test_a_save_on_a_thread_of_the_scripts_own_holds_nothing_in_memory_while_it_writes_a_record(
         plan: Plan, tmp_path: Path) -> None:
-    """NOTE [ Reads on other threads ]: an offload the plan starts while a background save writes
-    that storage's record waits for the write, and goes before the training thread's next op."""
+    """NOTE [ Streamed saves ] in runtime.saves: a background save writes a storage in memory from
+    a copy of its bytes, so the plan sends it out while its record is written (held for the
+    write, an Adam moment kept an iteration at 1.34x its budget under load), and the file holds
+    the bytes it had."""
     model = torch.nn.Linear(256, 1024)
+    expected = model.weight.detach().clone()
     writing, go = threading.Event(), threading.Event()
 
     class Gated(io.BytesIO):  # holds the weight's record (1 MiB) as it is written
@@ -1227,37 +1230,60 @@ def test_what_the_plan_sends_out_while_a_save_on_another_thread_writes_it_goes_o
                 go.wait(60)
             return super().write(data)
 
-    def ops() -> dict[str, torch.Tensor]:  # the training thread's, before the save's thread starts
+    buf = Gated()
+    with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
+        saving = threading.Thread(target=torch.save, args=(model.state_dict(), buf))
+        saving.start()
+        try:
+            assert writing.wait(60)
+            sent_out(ex, model.weight)
+        finally:
+            go.set()
+            saving.join()
+    assert torch.equal(torch.load(io.BytesIO(buf.getvalue()))["weight"], expected)
+
+
+def test_what_the_plan_sends_out_while_another_thread_reads_it_goes_out_after(plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ Reads on other threads ]: an offload the plan starts while a read on another thread
+    holds the storage in memory waits for the read, and goes before the training thread's next op."""
+    model = torch.nn.Linear(256, 1024)
+    reading, go = threading.Event(), threading.Event()
+
+    def ops() -> None:
         model(torch.randn(2, 256, generator=torch.Generator().manual_seed(0)))
-        return model.state_dict()
 
     with OpNames() as names:
         ops()
         torch.ones(3).add_(1)
-    buf = Gated()
     with offload(plan_of([], names.ops), swap_dir=tmp_path, backend="posix") as ex:
         ops()
         torch.ones(3).add_(1)
         mark_iteration()  # iteration 0 runs on demand: the plan is followed from iteration 1
-        state = ops()
+        ops()
         storage = model.weight.untyped_storage()
         tid = ex.ids.get(storage)
         assert tid is not None
-        saving = threading.Thread(target=torch.save, args=(state, buf))
-        saving.start()
+
+        def read() -> None:  # as a torch.save's copy or an op there holds it
+            with ex.kept_in([storage]):
+                reading.set()
+                go.wait(60)
+
+        holder = threading.Thread(target=read)
+        holder.start()
         try:
-            assert writing.wait(60)
+            assert reading.wait(60)
             with pytest.warns(RuntimeWarning, match="read on another thread"):
                 ex._offload(tid, storage, "ssd", urgent=True)
             assert tid not in ex.moved and storage.nbytes() == model.weight.nbytes
         finally:
             go.set()
-            saving.join()
+            holder.join()
         torch.ones(3).add_(1)  # the training thread's next op
         assert ex.schedule is not None, (ex.left_at, names.ops)
         ex._wait(ex.moved[tid], "test")
         assert storage.nbytes() == 0
-    assert torch.equal(torch.load(io.BytesIO(buf.getvalue()))["weight"], model.weight)
+
 
 def test_safetensors_save_of_a_tensor_out_writes_its_bytes(plan: Plan, tmp_path: Path) -> None:
     """NOTE [ Pointer checks ] in torch_patch.opstream: safetensors hands its writer a pointer to
