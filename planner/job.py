@@ -82,7 +82,7 @@ import numpy as np
 from planner.errors import JobGraphError
 from planner.problem import PlanProblem
 from planner.simulate import SimResult
-from profiles.views import leaves_in_flight
+from profiles.views import functional_collective
 
 __all__ = ["RECV", "SEND", "JobPrediction", "RankOps", "is_collective", "job_graph", "predict_job",
            "rank_ops", "rank_ops_from_kernels"]
@@ -94,10 +94,10 @@ _AGAIN = "are the ranks' profiles of the same job and iteration? profile the job
 
 def is_collective(op_name: str) -> bool:
     """An op that every rank of the job takes part in: anything c10d but send and recv, and a
-    functional collective (``_c10d_functional.all_reduce``; not its wrapping or its wait)."""
+    functional collective (``profiles.views.functional_collective``)."""
     if op_name.startswith("c10d."):
         return op_name not in (SEND, RECV)
-    return leaves_in_flight(op_name) and "._wrap_tensor_autograd." not in op_name
+    return functional_collective(op_name)
 
 
 @dataclass(frozen=True, eq=False)

@@ -174,7 +174,7 @@ def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataF
     if not any(_functional(str(name)) for name in set(names)):
         return busy
     ops_of = accesses.groupby("tensor_id")["op_index"].unique()
-    _inputs_until_the_wait(busy, starts % num, tids, names, accesses, tensors, ops_of)
+    _inputs_until_the_wait(busy, starts % num, tids, names, accesses, ops_of)
     views = [i for i in np.flatnonzero(~busy) if is_view_op(str(names[starts[i] % num]))]
     if not views:
         return busy
@@ -204,20 +204,20 @@ def _busy_in_flight(periods: pd.DataFrame, names: np.ndarray, accesses: pd.DataF
 
 
 def _inputs_until_the_wait(busy: np.ndarray, starts: np.ndarray, tids: np.ndarray, names: np.ndarray,
-                           accesses: pd.DataFrame, tensors: pd.DataFrame, ops_of: pd.Series) -> None:
+                           accesses: pd.DataFrame, ops_of: pd.Series) -> None:
     """Marks ``busy`` the periods of a functional collective's inputs that start before an op
     waits for its result (NOTE [ Busy in a collective ]): the backend reads them until then, and
     the script may read them too (``y = fc.all_gather_tensor(x, ...); z = x * 2``), which would
     start a period a plan could free ``x`` in while the gather still reads it. The wait is the
-    first op on the result (a tensor the collective made) that is not its wrapping or a view; with
-    none in the iteration, its end."""
-    made_at = dict(zip(tensors["tensor_id"], tensors["alloc_op"], strict=True))
+    first op on a result (what the collective writes: a tensor it makes, or one it fills in place)
+    that is not its wrapping or a view; with none in the iteration, its end."""
     collectives = [k for k, name in enumerate(names) if _functional(str(name))
                    and "._wrap_tensor_autograd." not in str(name)]
-    at = accesses[accesses["op_index"].isin(collectives)].groupby("op_index")["tensor_id"].unique()
+    at = accesses[accesses["op_index"].isin(collectives)]
+    written = at[at["access"] == "write"].groupby("op_index")["tensor_id"].unique()
     empty = np.array([], np.int64)
-    for k, used in at.items():
-        results = [t for t in used if made_at.get(t) == k]
+    for k, used in at.groupby("op_index")["tensor_id"].unique().items():
+        results = list(written.get(k, empty))  # what it makes, or fills in place (``all_reduce_``)
         wait = len(names)
         for t in results:
             later = np.sort(ops_of.get(t, empty))

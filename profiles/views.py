@@ -12,8 +12,8 @@ import pandas as pd
 from profiles.ids import CARRIED_FLAG
 from profiles.model import Profile
 
-__all__ = ["VIEW_OPS", "active_bytes", "inactive_periods", "is_view_op", "iteration_time_us", "leaves_in_flight",
-           "live_intervals", "made_bytes", "memory_curve"]
+__all__ = ["VIEW_OPS", "active_bytes", "functional_collective", "inactive_periods", "is_view_op", "iteration_time_us",
+           "leaves_in_flight", "live_intervals", "made_bytes", "memory_curve"]
 
 
 def iteration_time_us(profile: Profile, rank: int = 0, iteration: int | None = None) -> float:
@@ -103,6 +103,15 @@ def leaves_in_flight(op_name: str) -> bool:
     tensors (NOTE [ Busy in a collective ] in planner.problem): c10d's ops, and the functional
     collectives (``_c10d_functional.all_reduce`` and the rest, up to their ``wait_tensor``)."""
     return op_name.startswith("c10d.") or (op_name.startswith(_FUNCTIONAL) and ".wait_tensor." not in op_name)
+
+
+def functional_collective(op_name: str) -> bool:
+    """Whether op ``op_name`` is a functional collective that every rank of its group takes part in
+    (``_c10d_functional.all_reduce`` and the rest): not its wrapping or its wait, nor a send or a
+    receive (``isend``, ``irecv``, ``batch_p2p_ops``)."""
+    parts = op_name.split(".")
+    return (op_name.startswith(_FUNCTIONAL) and len(parts) > 1
+            and parts[1] not in ("wait_tensor", "_wrap_tensor_autograd", "isend", "irecv", "batch_p2p_ops"))
 
 
 def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = None) -> pd.DataFrame:

@@ -90,14 +90,13 @@ _RING_SHARE: dict[str, tuple[str, Callable[[int], float]]] = {  # op -> (argumen
 # A functional collective (``_c10d_functional.all_reduce`` and the rest) moves the same bytes as
 # its c10d op, counted from its input: an all-gather's output is n of its inputs.
 _FUNCTIONAL_SHARE: dict[str, Callable[[int], float]] = {  # op -> share of its input's bytes
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_reduce_coalesced": lambda n: 2 * (n - 1) / n,
-    "all_gather_into_tensor": lambda n: n - 1,
-    "all_gather_into_tensor_coalesced": lambda n: n - 1,
-    "reduce_scatter_tensor": lambda n: (n - 1) / n,
-    "reduce_scatter_tensor_coalesced": lambda n: (n - 1) / n,
-    "all_to_all_single": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
+    **dict.fromkeys(("all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_"),
+                    lambda n: 2 * (n - 1) / n),
+    **dict.fromkeys(("all_gather_into_tensor", "all_gather_into_tensor_out", "all_gather_into_tensor_coalesced"),
+                    lambda n: n - 1),
+    **dict.fromkeys(("reduce_scatter_tensor", "reduce_scatter_tensor_out", "reduce_scatter_tensor_coalesced",
+                     "all_to_all_single"), lambda n: (n - 1) / n),
+    **dict.fromkeys(("broadcast", "broadcast_", "isend", "irecv"), lambda n: 1.0),
 }
 _FUNCTIONAL_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 
@@ -107,11 +106,14 @@ def _functional_group_size(func: Any, args: tuple[Any, ...], kwargs: dict[str, A
     bound = {**dict(zip(names, args, strict=False)), **kwargs}
     if "group_size" in bound:
         return int(bound["group_size"])
+    group = bound.get("group_name")
     try:
-        from torch.distributed.distributed_c10d import _resolve_process_group
+        if not hasattr(group, "size"):  # a name (a group object where one rank compiles for all)
+            from torch.distributed.distributed_c10d import _resolve_process_group
 
-        return int(_resolve_process_group(bound["group_name"]).size())
-    except (ImportError, KeyError, RuntimeError, ValueError):  # no such group here: as one rank
+            group = _resolve_process_group(group)  # type: ignore[arg-type]
+        return int(group.size())  # type: ignore[union-attr]
+    except (ImportError, RuntimeError, TypeError, ValueError):  # no such group here: as one rank
         return 1
 
 

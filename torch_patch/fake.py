@@ -139,10 +139,12 @@ class FakeTracer(Tracer):
     def _wrap_as_a_real_run(self, orig: Any) -> Any:
         def wrap(t: torch.Tensor) -> torch.Tensor:
             self._wrapping = True
-            try:
-                return orig(t)
+            try:  # below autograd, which makes an op returning its input a view: an op of its own
+                with torch._C._AutoDispatchBelowAutograd():
+                    orig(t)
             finally:
                 self._wrapping = False
+            return t
 
         return wrap
 

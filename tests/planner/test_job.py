@@ -286,3 +286,11 @@ def test_ranks_that_do_not_fit_together_are_one_clear_error(ranks: dict[int, Ran
         predict_job(ranks)
     assert message in str(exc.value)
     assert "profile the job again" in str(exc.value)
+
+
+def test_functional_collectives_join_the_ranks_and_their_sends_and_waits_do_not() -> None:
+    assert is_collective("_c10d_functional.all_reduce.default") and is_collective("c10d.allreduce_.default")
+    assert is_collective("_c10d_functional_autograd.all_to_all_single.default")
+    for name in ("_c10d_functional.isend.default", "_c10d_functional.irecv.default", SEND, RECV,
+                 "_c10d_functional.wait_tensor.default", "_c10d_functional._wrap_tensor_autograd.default"):
+        assert not is_collective(name), name

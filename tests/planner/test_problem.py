@@ -100,10 +100,26 @@ def test_an_input_read_before_its_functional_collective_is_waited_for_starts_no_
         "aten.mul.Tensor", "_c10d_functional._wrap_tensor_autograd.default", "aten.tanh.default", "aten.add.Tensor")
     x, y = {"tensor_id": 2, "size_bytes": 64 << 20}, {"tensor_id": 3, "size_bytes": 256 << 20, "alloc_op": 1,
                                                     "free_op": 9}
-    profile = make_profile([10.0] * 10, [x, y], [(1, 2), (1, 3), (2, 2), (3, 3), (6, 3), (7, 2)])
+    profile = make_profile([10.0] * 10, [x, y], [(1, 2), (1, 3), (2, 2), (3, 3), (6, 3), (7, 2)], access="read")
+    made = (profile.accesses["op_index"] == 1) & (profile.accesses["tensor_id"] == 3)
+    profile.accesses.loc[made, "access"] = "write"  # the gather's result
     for collective in (True, False):  # without, nothing reads it from op 1: the period from op 2 is planned
         names[1] = "_c10d_functional.all_gather_into_tensor.default" if collective else "aten.cat.default"
         profile.kernels["op_name"] = names
         problem = problem_from_profile(profile)
         starts = problem.start_op[problem.tensor_id == 2]
         assert (2 not in starts) == collective and 7 in starts, starts
+
+
+def test_an_in_place_functional_collective_keeps_its_tensor_busy_until_its_wait() -> None:
+    """NOTE [ Busy in a collective ]: ``all_reduce_(x)`` fills ``x`` in place until the explicit
+    ``wait_tensor(x)`` at op 2; from the wait on, ``x``'s periods are planned (with no result of its
+    own, the collective once kept every later period busy to the iteration's end)."""
+    names = ["aten.mm.default"] * 12
+    names[1], names[2], names[3] = ("_c10d_functional.all_reduce_.default", "_c10d_functional.wait_tensor.default",
+                                    "aten.mul.Tensor")
+    profile = make_profile([10.0] * 12, [{"tensor_id": 2, "size_bytes": 64 << 20}], [(1, 2), (2, 2), (3, 2), (10, 2)])
+    profile.kernels["op_name"] = names
+    problem = problem_from_profile(profile)
+    starts = problem.start_op[problem.tensor_id == 2]
+    assert 1 not in starts and 3 in starts and 10 in starts, starts

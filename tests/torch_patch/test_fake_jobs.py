@@ -234,3 +234,40 @@ def test_fake_ranks_issue_the_ops_of_a_real_job(parallelism: str, tmp_path: Path
             rt, ft = real.tensors_of(rank), fake.tensors_of(rank)
             pd.testing.assert_series_equal(rt[rt["kind"].isin(kinds)].groupby("kind")["size_bytes"].sum(),
                                            ft[ft["kind"].isin(kinds)].groupby("kind")["size_bytes"].sum())
+
+
+@pytest.mark.parametrize("case", ["no grad", "grad", "autograd gather"])
+def test_a_fake_functional_collective_records_a_real_runs_ops(case: str, tmp_path: Path) -> None:
+    """NOTE [ Fake functional collectives ] in torch_patch.fake: fake mode waits for a functional
+    collective at once, where a real run wraps its result; the wait is recorded as the wrapping,
+    also where the result needs gradients (returned through autograd, it was a view: an
+    ``aten.view`` op a real run does not have)."""
+
+    def train(group: dist.ProcessGroup) -> None:
+        w = torch.nn.Parameter(torch.ones(64, 64))
+        for _ in range(3):
+            x = torch.ones(64, 64) @ w
+            if case == "no grad":
+                x = x.detach()
+            if case == "autograd gather":
+                y = funcol.all_gather_tensor_autograd(x, 0, group)
+            else:
+                y = funcol.all_reduce(x, "sum", group)
+            loss = (y * 2).sum()
+            if case != "no grad":
+                loss.backward()
+            mark_iteration()
+
+    names = []
+    for tracer in (Tracer(iters=1), FakeTracer(RooflineCostModel(H100), iters=1)):
+        fake = isinstance(tracer, FakeTracer)
+        store = FakeStore() if fake else dist.FileStore(str(tmp_path / "store"), 1)
+        dist.init_process_group("fake" if fake else "gloo", store=store, rank=0, world_size=1)
+        try:
+            with pytest.raises(ProfileComplete), tracer:
+                train(dist.group.WORLD)
+        finally:
+            dist.destroy_process_group()
+        names.append(tracer.profile({}).kernels_of()["op_name"].tolist())
+    assert "_c10d_functional._wrap_tensor_autograd.default" in names[0]
+    assert names[1] == names[0]
