@@ -39,9 +39,7 @@ the same bytes it held when it went out last. A copy of it
 kept since that prefetch is still good, so its offload need not write
 anything (NOTE [ Copies kept ] in ``planner.clean``). Parameters read in
 forward and backward are so; gradients accumulated, optimizer state and
-fresh activations are not. Unchanged too is the period of a storage no op of
-the iteration uses (NOTE [ Untouched storages ] in ``profiles.views``): it
-stays out from one iteration to the next, so only its first offload writes.
+fresh activations are not.
 """
 
 from __future__ import annotations
@@ -342,8 +340,7 @@ def unchanged_periods(periods: pd.DataFrame, accesses: pd.DataFrame, num_ops: in
                                    for shift in (0, num_ops, 2 * num_ops)]))
     base = period_code * span + num_ops
     count = np.searchsorted(keys, base + start, "right") - np.searchsorted(keys, base + lo, "left")
-    untouched = ~back & (end == num_ops + 1)  # out from one iteration to the next (NOTE [ Untouched
-    return back[prev] & (count == 0) & (lo <= start) & (start - lo < num_ops) | untouched  # storages ])
+    return back[prev] & (count == 0) & (lo <= start) & (start - lo < num_ops)
 
 
 def cyclic_add(out: np.ndarray, begin: np.ndarray, end: np.ndarray, value: np.ndarray) -> None:

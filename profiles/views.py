@@ -209,8 +209,8 @@ def inactive_periods(profile: Profile, rank: int = 0, iteration: int | None = No
     # counted at every op. It gets a trailing one from op 0 to op 0 of the next iteration (end_op
     # ``num_ops + 1``): out after op 0, out at the boundary and so through op 0 too, for as long
     # as the plan is followed (ending at ``num_ops``, op 0 still had to hold every such copy: 4.04
-    # MiB of budget against 2.07 for three copies of 1.3 MiB); written once, so the simulator and
-    # the bound charge no write of it in a steady iteration. Not one under 64 KiB: those are
+    # MiB of budget against 2.07 for three copies of 1.3 MiB); written once, so the simulator
+    # charges no write of it in a steady iteration. Not one under 64 KiB: those are
     # few bytes, and a saved random state (5 KiB), which ``torch.Generator.set_state`` reads with
     # no op teraio sees, is one of them. A copy made anew later: NOTE [ Left over ] in
     # runtime.executor.

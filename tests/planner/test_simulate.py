@@ -285,14 +285,12 @@ def test_an_op_waiting_on_a_shared_device_starts_as_its_transfer_ends() -> None:
 def test_a_storage_no_op_uses_is_written_once_and_stays_out() -> None:
     """NOTE [ Untouched storages ] in profiles.views: a copy of the weights no op of the iteration
     uses goes out once and stays out from one iteration to the next, as the runtime leaves it; the
-    simulator wrote it again every iteration (1 MB here: 1,000 us of the SSD a steady iteration),
-    and its period counts as unchanged, so the bound asks no write of it either."""
+    simulator wrote it again every iteration (1 MB here: 1,000 us of the SSD a steady iteration)."""
     problem = problem_from_profile(make_profile(
         [1000.0] * 4, [{"tensor_id": 0, "size_bytes": 1_000_000}, {"tensor_id": 1, "size_bytes": 10}],
         [(k, 1) for k in range(4)]))
     (period,) = [i for i in range(problem.num_periods) if problem.tensor_id[i] == 0]
     assert problem.end_op[period] == problem.num_ops + 1 and not problem.reads_back[period]
-    assert problem.unchanged is not None and problem.unchanged[period]
     out = Move(period=period, tensor_id=0, size_bytes=1_000_000, target="ssd", start_op=0, end_op=5,
                offload_trigger=1, offload_deadline=-1, prefetch_trigger=5, prefetch_deadline=5, priority=0,
                reads_back=False)
