@@ -37,9 +37,11 @@ read). Each was once held from its pickling to the save's end, which kept in
 memory what the plan sent out while the save ran: under load (CI, 2 cores) the
 iteration a save overlapped went to 1.13-1.59x its budget with
 ``--hold-on-demand``, in 2 of 5 runs; held for its record's write, in 2 of 10
-(1.34x). A device's storage is brought back when
-pickled and held to the save's end (torch copies it to host memory with no lock
-and no op teraio sees), which takes memory as before. With
+(1.34x), in tracked bytes. The copy is host memory outside the budget, one
+storage's at a time, as a copy read for a storage that is out is. A device's
+storage is brought back when pickled and held to the save's end (torch copies it
+to host memory with no lock and no op teraio sees), which takes memory as
+before. With
 ``--hold-on-demand``, such saves keep the iterations they overlap within the
 budget on the CPU, where bringing what was out back for them took those to
 1.30x. The legacy writer

@@ -1025,14 +1025,20 @@ def test_fsdp2s_pointer_check_of_a_sharded_parameter_out_keeps_iteration_0_on_it
         dist.destroy_process_group()
 
 
+def evicting(plan: Plan) -> Plan:
+    """``plan`` at a 128 KiB budget with a named move, so that `--hold-on-demand` sends out storages
+    made in the iteration too (NOTE [ On demand within the budget ])."""
+    named = [dataclasses.replace(m, name="w") if k == 0 else m for k, m in enumerate(plan.migrations[0])]
+    return dataclasses.replace(plan, migrations={0: named}, parameters={**plan.parameters, "gpu_mem_bytes": 128 << 10})
+
+
 def test_storages_too_small_to_matter_are_never_sent_out_on_demand(plan: Plan, tmp_path: Path) -> None:
     """NOTE [ On demand within the budget ]: DDP's Reducer fills a small index tensor and reads it
     through its pointer between ops; sent out on demand, a rank failed with "received invalid
     bucket_size". Storages under a thousandth of the budget stay, and under 8 KiB whatever the
     budget (a random state: NOTE [ Random states ] in profiles.views; one sent out, set_state
     failed); larger ones made in the iteration go out as before."""
-    named = [dataclasses.replace(m, name="w") if k == 0 else m for k, m in enumerate(plan.migrations[0])]
-    held = dataclasses.replace(plan, migrations={0: named}, parameters={**plan.parameters, "gpu_mem_bytes": 128 << 10})
+    held = evicting(plan)
     sizes: dict[str, int] = {}
 
     def made_between_ops(step: int) -> None:
@@ -1057,8 +1063,7 @@ def test_a_functional_collectives_result_is_not_sent_out_on_demand(plan: Plan, t
     used, it went out first (its bytes taken before the backend wrote them)."""
     import torch.distributed as dist
 
-    named = [dataclasses.replace(m, name="w") if k == 0 else m for k, m in enumerate(plan.migrations[0])]
-    held = dataclasses.replace(plan, migrations={0: named}, parameters={**plan.parameters, "gpu_mem_bytes": 128 << 10})
+    held = evicting(plan)
     sizes: dict[str, int] = {}
 
     def reduced_between_ops(step: int) -> None:
