@@ -210,6 +210,13 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
 _NOT_READING = ("aten.set_", "aten.new_empty", "aten.empty_like")
 
 
+def _check_saved_size(nbytes: int, pickled: int) -> None:
+    """NOTE [ Streamed saves ] in runtime.saves: a record of another size than its pickled one."""
+    if nbytes != pickled:
+        raise RuntimeError(f"teraio: torch.save read {nbytes} bytes of a storage it had pickled at {pickled} "
+                           "bytes; its file would not load: please report this")
+
+
 def _storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
     try:
         return t.untyped_storage()
@@ -1222,6 +1229,7 @@ class PlanExecutor(OpStream):
                     held.append(storage)  # released below, whatever _hold raises
                     self._hold(tid, storage, bring_back=False)
                 data, nbytes = self._saved_bytes(tid, storage, pickled, data, nbytes)
+            _check_saved_size(nbytes, pickled)
             if held and data is storage:  # in memory: its bytes as they are now
                 with _disable_current_modes():  # the copy's ops are not the script's
                     copy = torch.empty(nbytes, dtype=torch.uint8, device="cpu")
@@ -1238,9 +1246,7 @@ class PlanExecutor(OpStream):
         entry = self.moved.get(tid) if tid is not None else None
         training = threading.get_ident() == self._thread
         if tid is None or (entry is None and training):
-            if nbytes != pickled:
-                raise RuntimeError(f"teraio: torch.save read {nbytes} bytes of a storage it had pickled at "
-                                   f"{pickled} bytes; its file would not load: please report this")
+            _check_saved_size(nbytes, pickled)
             return data, nbytes
         # on another thread with no entry: held, maybe brought back since torch read its size
         waited = entry is None or entry.job is not None and (entry.state is Residency.FETCHING or not training)

@@ -1248,6 +1248,38 @@ def test_a_save_on_a_thread_of_the_scripts_own_holds_nothing_in_memory_while_it_
     assert torch.equal(torch.load(io.BytesIO(buf.getvalue()))["weight"], expected)
 
 
+
+def test_a_storage_resized_between_its_pickling_and_its_record_fails_the_save(plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ Streamed saves ] in runtime.saves: a background save whose storage another library
+    resizes after it was pickled would write a file that does not load; the save fails, saying so."""
+    weight = torch.ones(1024)
+    pickled, go = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    class Gated(io.BytesIO):  # its first write comes once the whole object is pickled
+        def write(self, data: Any) -> int:
+            pickled.set()
+            go.wait(60)
+            return super().write(data)
+
+    def save() -> None:
+        try:
+            torch.save({"w": weight}, Gated())
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix"):
+        weight.add_(1)  # known to teraio
+        saving = threading.Thread(target=save)
+        saving.start()
+        try:
+            assert pickled.wait(60)
+            weight.untyped_storage().resize_(8192)  # no op teraio sees
+        finally:
+            go.set()
+            saving.join()
+    assert len(failed) == 1 and "pickled at 4096 bytes; its file would not load" in str(failed[0]), failed
+
 def test_what_the_plan_sends_out_while_another_thread_reads_it_goes_out_after(plan: Plan, tmp_path: Path) -> None:
     """NOTE [ Reads on other threads ]: an offload the plan starts while a read on another thread
     holds the storage in memory waits for the read, and goes before the training thread's next op."""
