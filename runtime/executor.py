@@ -174,10 +174,25 @@ def _on_default_stream(device: torch.device) -> bool:
     return bool(torch.cuda.current_stream(device) == torch.cuda.default_stream(device))
 
 
-def _event_now(device: torch.device) -> Any:
+def _copy_job(backend: Backend, direction: str, key: int, tensor: torch.Tensor, stream_copies: bool
+              ) -> tuple[Any, Callable[[], None], Any]:
+    """The ``Job`` of a copy of ``tensor`` to (``direction`` "write") or from ``backend``'s ``key``:
+    (the event it waits for, its work, its device where it is launched on a stream: NOTE [ Copies
+    ordered on streams ] in runtime.engine)."""
+    device = _on_stream(backend, tensor, stream_copies)
+    if device is None:
+        op = backend.write if direction == "write" else backend.read
+        return (*_off_stream(lambda: op(key, tensor), tensor), None)
+    host = cast(HostBackend, backend)
+    launch_op = host.write if direction == "write" else host.read
+
+    def launch() -> None:  # by the thread that submits it: the backend's ops are not the script's
+        with _disable_current_modes():
+            launch_op(key, tensor, non_blocking=True)
+
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
-    return event
+    return event, launch, device
 
 
 _EXECUTORS: weakref.WeakSet[PlanExecutor] = weakref.WeakSet()
@@ -572,17 +587,7 @@ class PlanExecutor(OpStream):
             self._drop_copy(tid)
         backend = self.backends[target]
         key = next(self._keys)
-        src = byte_view(storage)
-        device = _on_stream(backend, src, self.stream_copies)
-
-        def work() -> None:
-            if device is None:
-                backend.write(key, src)
-            else:  # launched by the thread that submits it: the backend's ops are not the script's
-                with _disable_current_modes():
-                    cast(HostBackend, backend).write(key, src, non_blocking=True)
-
-        after, run = (_event_now(device), work) if device is not None else _off_stream(work, src)
+        after, run, device = _copy_job(backend, "write", key, byte_view(storage), self.stream_copies)
         job = self.engine.submit(Job(tid, "write", storage.nbytes(), run, urgent, target, priority, after=after,
                                      device=device))
         entry = _Entry(Residency.OFFLOADING, storage.nbytes(), backend, target, weakref.ref(storage),
@@ -611,19 +616,8 @@ class PlanExecutor(OpStream):
         realloc_storage(storage, entry.nbytes)
         self.stats.tracked_bytes += entry.nbytes
         self.stats.peak_tracked_bytes = max(self.stats.peak_tracked_bytes, self.stats.tracked_bytes)
-        dst = byte_view(storage)
-        backend, key = entry.backend, entry.key
-        device = _on_stream(backend, dst, self.stream_copies)
-
-        def work() -> None:
-            if device is None:
-                backend.read(key, dst)
-            else:  # launched by the thread that submits it: the backend's ops are not the script's
-                with _disable_current_modes():
-                    cast(HostBackend, backend).read(key, dst, non_blocking=True)
-
+        after, run, device = _copy_job(entry.backend, "read", entry.key, byte_view(storage), self.stream_copies)
         entry.keep_copy = keep_copy
-        after, run = (_event_now(device), work) if device is not None else _off_stream(work, dst)
         entry.job = self.engine.submit(Job(tid, "read", entry.nbytes, run, urgent, entry.target, priority,
                                            after=after, device=device))
         entry.state = Residency.FETCHING

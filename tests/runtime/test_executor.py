@@ -1179,7 +1179,42 @@ def test_a_save_on_a_thread_of_the_scripts_own_brings_nothing_back(plan: Plan, w
     assert torch.equal(saved["weight"] if what == "model.state_dict()" else saved.weight, expected)
 
 
-def test_a_save_on_a_thread_of_the_scripts_own_holds_a_storage_only_while_its_record_is_written(
+class GatedSave:
+    """``torch.save(obj)`` into a buffer on a thread started now (a script's own), its first write of
+    ``size`` bytes or more held until ``release``: ``reached`` is set there. The whole object is
+    pickled before anything is written, so with ``size`` 0 it waits pickled, no record written."""
+
+    def __init__(self, obj: Any, size: int = 0) -> None:
+        self.reached, self._go = threading.Event(), threading.Event()
+        self.failed: list[BaseException] = []
+        gate = self
+
+        class Gated(io.BytesIO):
+            def write(self, data: Any) -> int:
+                if len(data) >= size:
+                    gate.reached.set()
+                    gate._go.wait(60)
+                return super().write(data)
+
+        self.buffer = Gated()
+        self._thread = threading.Thread(target=self._save, args=(obj,))
+        self._thread.start()
+
+    def _save(self, obj: Any) -> None:
+        try:
+            torch.save(obj, self.buffer)
+        except BaseException as exc:  # noqa: BLE001 - failed here, asserted on the test's thread
+            self.failed.append(exc)
+
+    def release(self) -> None:
+        self._go.set()
+        self._thread.join()
+
+    def loaded(self) -> Any:
+        return torch.load(io.BytesIO(self.buffer.getvalue()))
+
+
+def test_a_save_on_a_thread_of_the_scripts_own_leaves_what_it_pickled_free_to_go_out(
         plan: Plan, tmp_path: Path) -> None:
     """NOTE [ Streamed saves ] in runtime.saves: a background save that has pickled the weight in
     memory, and not yet written it, leaves it free to go out as the plan sends it; its record is
@@ -1187,36 +1222,18 @@ def test_a_save_on_a_thread_of_the_scripts_own_holds_a_storage_only_while_its_re
     background saves under load took the iteration they overlapped to 1.59x its budget."""
     model = torch.nn.Linear(256, 1024)
     expected = model.weight.detach().clone()
-    pickled, go = threading.Event(), threading.Event()
-    failed: list[BaseException] = []
-
-    class Gated(io.BytesIO):  # its first write comes once the whole object is pickled
-        def write(self, data: Any) -> int:
-            pickled.set()
-            go.wait(60)
-            return super().write(data)
-
-    def save(state: dict[str, torch.Tensor], file: io.BytesIO) -> None:
-        try:
-            torch.save(state, file)
-        except BaseException as exc:  # noqa: BLE001 - failed here, asserted on the test's thread
-            failed.append(exc)
-
-    buf = Gated()
     with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
         model(torch.randn(2, 256))
-        saving = threading.Thread(target=save, args=(model.state_dict(), buf))
-        saving.start()
+        saving = GatedSave(model.state_dict())
         try:
-            assert pickled.wait(60)
+            assert saving.reached.wait(60)
             sent_out(ex, model.weight)
             assert model.weight.untyped_storage().nbytes() == 0
         finally:
-            go.set()
-            saving.join()
-    assert not failed, failed
-    saved = torch.load(io.BytesIO(buf.getvalue()))
-    assert torch.equal(saved["weight"], expected)
+            saving.release()
+    assert not saving.failed, saving.failed
+    assert torch.equal(saving.loaded()["weight"], expected)
+
 
 def test_a_save_on_a_thread_of_the_scripts_own_holds_nothing_in_memory_while_it_writes_a_record(
         plan: Plan, tmp_path: Path) -> None:
@@ -1226,59 +1243,31 @@ def test_a_save_on_a_thread_of_the_scripts_own_holds_nothing_in_memory_while_it_
     the bytes it had."""
     model = torch.nn.Linear(256, 1024)
     expected = model.weight.detach().clone()
-    writing, go = threading.Event(), threading.Event()
-
-    class Gated(io.BytesIO):  # holds the weight's record (1 MiB) as it is written
-        def write(self, data: Any) -> int:
-            if len(data) >= model.weight.nbytes:
-                writing.set()
-                go.wait(60)
-            return super().write(data)
-
-    buf = Gated()
     with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
-        saving = threading.Thread(target=torch.save, args=(model.state_dict(), buf))
-        saving.start()
+        saving = GatedSave(model.state_dict(), size=model.weight.nbytes)  # held in the weight's record
         try:
-            assert writing.wait(60)
+            assert saving.reached.wait(60)
             sent_out(ex, model.weight)
         finally:
-            go.set()
-            saving.join()
-    assert torch.equal(torch.load(io.BytesIO(buf.getvalue()))["weight"], expected)
-
+            saving.release()
+    assert torch.equal(saving.loaded()["weight"], expected)
 
 
 def test_a_storage_resized_between_its_pickling_and_its_record_fails_the_save(plan: Plan, tmp_path: Path) -> None:
     """NOTE [ Streamed saves ] in runtime.saves: a background save whose storage another library
     resizes after it was pickled would write a file that does not load; the save fails, saying so."""
     weight = torch.ones(1024)
-    pickled, go = threading.Event(), threading.Event()
-    failed: list[BaseException] = []
-
-    class Gated(io.BytesIO):  # its first write comes once the whole object is pickled
-        def write(self, data: Any) -> int:
-            pickled.set()
-            go.wait(60)
-            return super().write(data)
-
-    def save() -> None:
-        try:
-            torch.save({"w": weight}, Gated())
-        except RuntimeError as exc:
-            failed.append(exc)
-
     with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix"):
         weight.add_(1)  # known to teraio
-        saving = threading.Thread(target=save)
-        saving.start()
+        saving = GatedSave({"w": weight})
         try:
-            assert pickled.wait(60)
+            assert saving.reached.wait(60)
             weight.untyped_storage().resize_(8192)  # no op teraio sees
         finally:
-            go.set()
-            saving.join()
+            saving.release()
+    failed = saving.failed
     assert len(failed) == 1 and "pickled at 4096 bytes; its file would not load" in str(failed[0]), failed
+
 
 def test_what_the_plan_sends_out_while_another_thread_reads_it_goes_out_after(plan: Plan, tmp_path: Path) -> None:
     """NOTE [ Reads on other threads ]: an offload the plan starts while a read on another thread
