@@ -66,6 +66,7 @@ _REFUSE_AFTER = 2
 # A transfer that takes longer than this (plus 1 s per 10 MB) ends the run with an error:
 # no wait can last for ever.
 _TRANSFER_TIMEOUT_S = 600.0
+_WORKS_KEPT = 256  # NOTE [ Collectives a script waits for ]: a work that never completes is let go
 _COLLECTIVE_WAIT_S = 0.5  # an iteration's waits, in all: NOTE [ Buffers of collectives in flight ]
 # Ops that alias their input's storage and read none of its bytes (NOTE [ Streamed saves ])
 _ONLY_ALIAS = frozenset({"aten.detach.default", "aten.alias.default"})
@@ -239,6 +240,15 @@ def _storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
         return None
 
 
+def _done(work: Any) -> bool:
+    """Whether c10d ``work`` no longer uses its tensors (NOTE [ Collectives a script waits for ]):
+    done, or failed (its error is the script's, at its wait)."""
+    try:
+        return bool(work.is_completed())
+    except RuntimeError:
+        return True
+
+
 def _memory_of(storage: torch.UntypedStorage) -> int:
     """The bytes ``storage`` holds: none on the meta device (as the tracer counts it)."""
     return 0 if storage.device.type == "meta" else storage.nbytes()
@@ -313,6 +323,8 @@ class PlanExecutor(OpStream):
         self._busy: set[int] = set()  # used by a collective in this iteration
         self._busy_before: set[int] = set()  # and in the one before (renamed at the boundary)
         self._in_collective: set[int] = set()  # made in an iteration, used by a collective since
+        # NOTE [ Collectives a script waits for ]: c10d's works not known done, and their storages
+        self._works: list[tuple[Any, list[weakref.ref[torch.UntypedStorage]]]] = []
         self._collective_wait_left = _COLLECTIVE_WAIT_S  # in this iteration
         self._spill = "ssd" if "ssd" in backends else "host"
         # the device whose memory the budget holds: a CUDA run's CPU tensors (a pinned batch an
@@ -344,7 +356,10 @@ class PlanExecutor(OpStream):
             short = self._short_of_room(index)
         if short:  # without the lock, which the thread that frees may need
             self._await_collectives(short)
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if isinstance(out, tuple) and out and isinstance(out[-1], torch.ScriptObject):  # c10d's (.., Work)
+            self._track_work(out[-1], inputs)
+        return out
 
     def _before_op(self, index: int, func: Any, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         name = str(func)
@@ -357,6 +372,8 @@ class PlanExecutor(OpStream):
             return  # nothing freed under them (a write finished), nor brought back
         if self.stream_copies:
             self.engine.poll()
+        if self._works:
+            self._poll_works()
         if self.engine.completed:
             self._drain()
         if self._left_over and not (name in UNCHECKED_ALIASES or name.startswith(_NOT_READING)):  # NOTE [ Left over ]
@@ -637,7 +654,8 @@ class PlanExecutor(OpStream):
         if entry is None:
             return False
         if (entry.target != target or entry.nbytes != storage.nbytes() or entry.storage() is not storage
-                or not self.movable(storage) or id(storage) in self._held):  # then ``_offload`` says why
+                or not self.movable(storage) or id(storage) in self._held
+                or self._in_work(storage)):  # then ``_offload`` says why
             entry.backend.delete(entry.key)
             return False
         # NOTE [ Interrupts ]: in ``moved`` before the storage is freed (a freed storage with no
@@ -1382,11 +1400,8 @@ class PlanExecutor(OpStream):
             n = self._held.pop(id(storage)) - 1
             if n > 0:
                 self._held[id(storage)] = n
-                continue
-            tid = self.ids.get(storage)
-            target = self._held_back.pop(tid, None) if tid is not None else None
-            if tid is not None and target is not None and self.schedule is not None and tid not in self.moved:
-                self._again[tid] = (target, False, 0)  # out before the next op that does not use it
+            elif not self._in_work(storage):
+                self._out_after_hold(storage)
 
     def _finished(self, job: Job) -> None:
         """Wait for ``job`` (served before every job that is not urgent) and apply its result, on a
@@ -1397,13 +1412,78 @@ class PlanExecutor(OpStream):
         self._complete(job)
 
     def _read_elsewhere(self, tid: int, storage: torch.UntypedStorage) -> bool:
-        """Whether a read on another thread holds ``storage`` in memory (NOTE [ Reads on other threads ])."""
-        if id(storage) not in self._held:
-            return False
-        self._warn_once("held", f"{self._describe(tid)} is read on another thread (a torch.save there?) "
-                        "when the plan moves it out, so it stays in memory until the read is done; this "
-                        "iteration may go over its budget")
-        return True
+        """Whether a read on another thread (NOTE [ Reads on other threads ]) or a collective still in
+        flight (NOTE [ Collectives a script waits for ]) holds ``storage`` in memory."""
+        if id(storage) in self._held:
+            self._warn_once("held", f"{self._describe(tid)} is read on another thread (a torch.save there?) "
+                            "when the plan moves it out, so it stays in memory until the read is done; this "
+                            "iteration may go over its budget")
+            return True
+        if self._in_work(storage):
+            self._warn_once("work", f"{self._describe(tid)} is still used by a collective (one called with "
+                            "async_op=True, not done yet) when the plan moves it out, so it stays in memory "
+                            "until the collective is done; this iteration may go over its budget")
+            return True
+        return False
+
+    # NOTE [ Collectives a script waits for ]: a c10d op (``dist.broadcast(x, 0, async_op=True)``)
+    # returns a ``Work`` while the backend still reads and writes its tensors, until the script's
+    # ``work.wait()``, which no dispatch mode sees. The planner keeps a tensor in from such an op
+    # to the next op on it (NOTE [ Busy in a collective ] in planner.problem), but a script may
+    # read the tensor before it waits (the source rank of a broadcast computes on what it sends,
+    # as it would on a functional collective's input), and that read starts a period the plan may
+    # send the tensor out in: in a 2-rank gloo job at the smallest budget whose rank 1 joined the
+    # broadcast 0.3 s late, rank 0 had freed the tensor by then, and rank 1 received other bytes
+    # and trained to other losses (4 runs of 4). So every c10d op's work not yet done holds the
+    # storages of its tensors in memory, as a read on another thread does: an offload of one
+    # waits, and goes before the next op that does not use it once the work is done. Done is:
+    # the script waited for it (``Work.wait``, patched in torch_patch.opstream), or it says it is
+    # completed (polled before each op while any is pending: DDP's reducer waits in C++, where no
+    # patch reaches; on a GPU, the collective's kernel done on its stream). gloo's reduce-scatter
+    # (FSDP2's) never says it is completed, even waited for: it copies its result out in the wait.
+    # A work nobody waits for that never completes (the fake process group's sends) would hold its
+    # storages for ever: at a boundary only the last ``_WORKS_KEPT`` pending works are kept.
+    def _track_work(self, obj: torch.ScriptObject, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+        """Hold the storages of ``inputs`` while ``obj``, an op's c10d ``Work``, is not done."""
+        try:
+            work = torch._C._distributed_c10d.Work.unbox(obj)
+        except (AttributeError, RuntimeError):  # another kind of object, or no torch.distributed
+            return
+        if not _done(work):
+            with self._lock:
+                self._works.append((work, [weakref.ref(t.untyped_storage()) for _, t, _ in inputs]))
+
+    def _in_work(self, storage: torch.UntypedStorage) -> bool:
+        return any(r() is storage for work, refs in self._works for r in refs if not _done(work))
+
+    def _poll_works(self) -> None:
+        self._forget_works(_done)
+
+    @_locked
+    def waited(self, work: Any) -> None:
+        if not self.forked():
+            self._forget_works(lambda w: w is work)
+
+    def _forget_works(self, done: Callable[[Any], bool]) -> None:
+        """Forget the works ``done``; what the plan sent out while one held it goes out before the
+        next op that does not use it (NOTE [ Collectives a script waits for ])."""
+        ended = [refs for work, refs in self._works if done(work)]
+        if not ended:
+            return
+        self._works = [(work, refs) for work, refs in self._works if not done(work)]
+        for refs in ended:
+            for ref in refs:
+                storage = ref()
+                if storage is not None and id(storage) not in self._held and not self._in_work(storage):
+                    self._out_after_hold(storage)
+
+    def _out_after_hold(self, storage: torch.UntypedStorage) -> None:
+        """``storage``, no longer held, goes out where the plan sent it meanwhile: before the next
+        op that does not use it."""
+        tid = self.ids.get(storage)
+        target = self._held_back.pop(tid, None) if tid is not None else None
+        if tid is not None and target is not None and self.schedule is not None and tid not in self.moved:
+            self._again[tid] = (target, False, 0)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -1447,6 +1527,7 @@ class PlanExecutor(OpStream):
         self._busy_before, self._busy = self._busy, set()
         self._in_collective = {t for t in self._in_collective if self.ids.storage(t) is not None}
         self._collective_wait_left = _COLLECTIVE_WAIT_S
+        self._works = [(w, refs) for w, refs in self._works if not _done(w)][-_WORKS_KEPT:]
         self._used_at.clear()
         if schedule is None:
             self._ending = Ending.ON_DEMAND

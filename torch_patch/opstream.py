@@ -815,6 +815,8 @@ class OpStream(TorchDispatchMode):
             if hasattr(torch.serialization, "_get_restore_location"):
                 self._patch(torch.serialization, "_get_restore_location", self._owning_restores)
             self._patch(DistributedDataParallel, "register_comm_hook", self._hooking)
+            if torch.distributed.is_available():  # NOTE [ Collectives a script waits for ] in runtime.executor
+                self._patch(torch._C._distributed_c10d.Work, "wait", self._waiting)
             self._patch(torch._C.Future, "then", self._calling_back)
             self._patch(torch._C.Future, "add_done_callback", self._calling_back)
             self._patch(torch.amp.GradScaler, "step", self._scaling)  # NOTE [ Skipped steps ]
@@ -1133,6 +1135,20 @@ class OpStream(TorchDispatchMode):
             return register(ddp, state, hook_seen)
 
         return register_comm_hook
+
+    def _waiting(self, wait: Any) -> Any:
+        """c10d's ``Work.wait``, which no dispatch mode sees: then ``waited``."""
+        stream = self
+
+        def waiting(work: Any, *args: Any, **kwargs: Any) -> Any:
+            out = wait(work, *args, **kwargs)
+            stream.waited(work)
+            return out
+
+        return waiting
+
+    def waited(self, work: Any) -> None:
+        """The script waited for c10d ``work``: its tensors are the script's again."""
 
     def _calling_back(self, add: Any) -> Any:
         """A future's ``then`` or ``add_done_callback``: a callback added inside a communication
