@@ -342,10 +342,6 @@ class PlanExecutor(OpStream):
     # boundaries change no record, and an op on a tensor teraio had out of memory at the fork
     # stops the child with an error saying so (its bytes are in files only the parent reads).
     # DataLoader workers never get here: their ops are not counted.
-    def forked(self) -> bool:
-        """Whether this is a process forked from the training process."""
-        return os.getpid() != self._pid
-
     def run_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                inputs: list[tuple[int, torch.Tensor, bool]]) -> Any:
         if self.forked():
@@ -1493,8 +1489,7 @@ class PlanExecutor(OpStream):
     # ---- iterations ----------------------------------------------------------------
     @_locked
     def _boundary(self) -> None:  # end_iteration, renaming, begin_iteration: seen whole elsewhere
-        if not self.forked():
-            super()._boundary()
+        super()._boundary()
 
     def renamed(self, new_ids: dict[int, int]) -> None:
         # Persistent storages get their names at a boundary and carried ones a flag

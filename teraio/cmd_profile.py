@@ -228,6 +228,7 @@ def profile(
     except IrregularIterations as exc:
         fail(f"{exc}; no profile written", EXIT_BAD_INPUT)
     except ScriptFailed as exc:
+        _stop_children()
         hint = " (in fake mode: see `teraio profile --help` for what a script needs)" if fake else ""
         fail(f"{script} failed (exit status {exc.exit_code}){hint}; no profile written", exc.exit_code)
     except KeyboardInterrupt:
@@ -246,6 +247,13 @@ def profile(
                  f"the script built has stepped, and {len(idle)} never did ({', '.join(idle)}); call "
                  "teraio.mark_iteration() at the end of each training step, or build that optimizer "
                  "where it starts stepping", EXIT_BAD_INPUT)
+        if seen == 0 and not idle and not any_stepped:  # no optimizer built here at all
+            fail(f"no iteration boundary seen: {script} built no torch.optim optimizer in this process. "
+                 "If it trains in processes it starts itself (torch.multiprocessing.spawn, "
+                 "multiprocessing), teraio does not see them: start one process per rank with torchrun "
+                 "instead (`teraio profile --nproc N SCRIPT`, or `torchrun ... -m teraio profile SCRIPT`). "
+                 "If it steps by hand, call teraio.mark_iteration() at the end of each training step",
+                 EXIT_BAD_INPUT)
         if seen == 0:
             fail(f"no iteration boundary seen: {script} ended without stepping a torch.optim "
                  "optimizer; call teraio.mark_iteration() at the end of each training step",
@@ -299,9 +307,9 @@ def profile(
 
 
 def _stop_children() -> None:
-    """The processes the script started, stopped: the profile stopped the script mid-loop, so
-    none of them is read to its end, and Python waited at exit, for ever, for a non-daemon
-    producer blocked on a full queue."""
+    """The processes the script started, stopped: the profile stopped the script mid-loop (or it
+    failed), so none of them is read to its end, and Python waited at exit, for ever, for a
+    non-daemon producer blocked on a full queue."""
     import multiprocessing
 
     children = multiprocessing.active_children()

@@ -585,7 +585,14 @@ class OpStream(TorchDispatchMode):
         self._explicit = True
         self._boundary()
 
+    def forked(self) -> bool:
+        """Whether this is a process forked from the one this stream was entered in (NOTE [ Forked
+        children ] in runtime.executor)."""
+        return os.getpid() != self._pid
+
     def _boundary(self) -> None:
+        if self.forked():  # a forked child's steps (Hogwild workers') are not the script's iterations:
+            return  # counted, the profile's stopped a worker at its third step, and the job hung
         named, _ = persistent_names(self.named_roots(), self.optimizers())
         # Storages made in this iteration that are about to get persistent names
         # (gradients with zero_grad(set_to_none=True)): their kind, for end_iteration.

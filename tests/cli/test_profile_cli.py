@@ -83,6 +83,24 @@ def test_script_without_optimizer(tmp_path: Path) -> None:
     assert not (tmp_path / "p").exists()
 
 
+def test_a_script_that_trains_in_processes_it_spawns_is_told_to_use_torchrun(tmp_path: Path) -> None:
+    """Training in processes the script starts (``torch.multiprocessing.spawn``) is not seen; the
+    error said to call ``teraio.mark_iteration()``, which the spawned process has no teraio for."""
+    script = write(tmp_path / "spawned.py", (
+        "import torch, torch.multiprocessing as mp\n"
+        "def train(rank):\n"
+        "    w = torch.nn.Parameter(torch.ones(4))\n"
+        "    opt = torch.optim.SGD([w], lr=0.1)\n"
+        "    for _ in range(4):\n"
+        "        (w * w).sum().backward(); opt.step(); opt.zero_grad()\n"
+        "if __name__ == '__main__':\n"
+        "    mp.spawn(train, nprocs=1)\n"))
+    r = run_teraio("profile", script, "--out", tmp_path / "p")
+    assert r.returncode == 2, r.stderr
+    assert "built no torch.optim optimizer in this process" in one_line_error(r.stderr)
+    assert "torchrun" in r.stderr and "--nproc" in r.stderr
+
+
 def test_an_optimizer_never_stepped_is_named(tmp_path: Path) -> None:
     """Two optimizers built, one stepped every step and one never (its layers frozen): no
     boundary, and the error says which optimizer it waited for, not that none stepped (the

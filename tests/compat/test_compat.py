@@ -46,6 +46,8 @@ PATTERNS = {
     "printed-weights": ("print_weights.py", []),
     "functional-call-meta-skeleton": ("meta_skeleton.py", []),
     "gradient-read-through-numpy": ("numpy_grad_log.py", []),
+    # Hogwild: forked workers step a shared model; the profile counted their steps and stopped one
+    "hogwild-forked-workers": ("hogwild.py", []),
 }
 
 
