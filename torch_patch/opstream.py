@@ -267,6 +267,7 @@ class OpInfo:
     mutable_kwargs: frozenset[str]
     peer_arg: int | None = None  # a point-to-point op's argument holding the other rank
     view: bool = False  # an alias of an argument, made without reading it or checking its size
+    read_unseen: int | None = None  # a result read later through its pointer (NOTE [ Read through pointers ])
 
 
 # NOTE [ Collectives ]: no c10d schema marks what it writes (docs/distributed-notes.md):
@@ -279,6 +280,13 @@ _OTHER_WRITES = {"fsdp.all_gather_copy_in.default": frozenset({"all_gather_outpu
 # (aten::native_batch_norm, cudnn_batch_norm, batch_norm_update_stats... in torch 2.13): an argument
 # of these names counts as written, in any op but a backward one (which only reads them).
 _RUNNING_STATS = frozenset({"running_mean", "running_var", "running_min", "running_max"})
+# NOTE [ Read through pointers ]: a packed sequence's ``batch_sizes`` (result 1 of
+# ``_pack_padded_sequence``) is read by the packed LSTM and GRU, ``_pad_packed_sequence`` and the
+# packing's backward, all composite ops whose C++ reads it through its pointer, below any dispatch
+# mode. The profile saw it idle after its one ``.item()``, and a plan at 35% of the peak sent the
+# 192-byte tensor out: the LSTM read freed memory ("data is not allocated yet", or a slice of
+# length 7484025741087915788). So such a result is others' to manage, never planned nor freed.
+_READ_THROUGH_POINTERS = {"aten._pack_padded_sequence.default": 1}
 
 
 def _op_info(func: Any) -> OpInfo:
@@ -303,7 +311,8 @@ def _op_info(func: Any) -> OpInfo:
     # only aliases made without a check of the storage's size (one out has 0 bytes): slice,
     # select, transpose, expand... check it ("setStorage: ... out of bounds")
     view = str(func) in UNCHECKED_ALIASES
-    return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer, view)
+    return OpInfo(str(func), skip, frozenset(writes), frozenset(args[i].name for i in writes), peer, view,
+                  _READ_THROUGH_POINTERS.get(str(func)))
 
 
 UNCHECKED_ALIASES = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
@@ -493,6 +502,8 @@ class OpStream(TorchDispatchMode):
         if self.in_comm_hook:
             self._hook_touched(outputs)
         self.after_op(index, info, inputs, outputs)
+        if info.read_unseen is not None:  # NOTE [ Read through pointers ]
+            self._others_manage(out[info.read_unseen].untyped_storage())
         return out
 
     # NOTE [ Storage arguments ]: ``t.set_(storage, ...)`` (how ``copy.deepcopy`` and

@@ -121,6 +121,15 @@ def test_an_in_memory_data_set_is_never_moved(tmp_path: Path) -> None:
     assert teraio.report["first_iteration_peak_bytes"] <= 1.05 * teraio.report["first_iteration_budget_bytes"]
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_a_packed_sequences_batch_sizes_are_never_moved(cell: str, tmp_path: Path) -> None:
+    """NOTE [ Read through pointers ] in torch_patch.opstream: the packed LSTM and GRU read the
+    packing's ``batch_sizes`` below any dispatch mode; the smallest plan sent them out and the
+    first step failed ("data is not allocated yet", or a slice of a garbage length)."""
+    plain, teraio = compare(SCRIPTS / "packed_rnn.py", ["--cell", cell], tmp_path, share="min")
+    assert_pattern_held(plain, teraio, tmp_path)
+
+
 def test_tensors_made_before_the_loop_are_counted_once(tmp_path: Path) -> None:
     """A data set and a table the script made before the loop and keeps (not a module's nor an
     optimizer's) are one storage each in a default profile (NOTE [ Kept for good ] in
