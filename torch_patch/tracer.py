@@ -120,15 +120,22 @@ def _accessed_sizes(tables: Tables) -> np.ndarray:
 
 
 def _difference(a: Tables, b: Tables) -> tuple[str, bool]:
-    """How iteration tables ``b`` differ from ``a``, in words, and whether only sizes differ."""
+    """How iteration tables ``b`` differ from ``a``, in words, and whether sizes differ first
+    (alone, or before the ops do: a packed sequence of other lengths runs other ops)."""
     names_a, names_b = a[0]["op_name"].tolist(), b[0]["op_name"].tolist()
+    sizes_a, sizes_b = _accessed_sizes(a), _accessed_sizes(b)
     if names_a != names_b:
         k = next((i for i, (x, y) in enumerate(zip(names_a, names_b, strict=False)) if x != y),
                  min(len(names_a), len(names_b)))
         what = (f"op {k} is {names_b[k]}, not {names_a[k]}" if k < min(len(names_a), len(names_b))
                 else f"it has {len(names_b)} ops, not {len(names_a)}")
+        ops_b = b[2]["op_index"].to_numpy()
+        before_a, before_b = sizes_a[a[2]["op_index"].to_numpy() < k], sizes_b[ops_b < k]
+        if len(before_a) == len(before_b) and (before_a != before_b).any():
+            i = int(np.argmax(before_a != before_b))
+            op = int(ops_b[ops_b < k][i])
+            return f"op {op} uses a tensor of {before_b[i]:,} bytes, not {before_a[i]:,}, and {what}", True
         return what, False
-    sizes_a, sizes_b = _accessed_sizes(a), _accessed_sizes(b)
     if len(sizes_a) == len(sizes_b) and (sizes_a != sizes_b).any():
         i = int(np.argmax(sizes_a != sizes_b))
         op = int(b[2]["op_index"].iloc[i])
@@ -681,7 +688,7 @@ class Tracer(OpStream):
         counted = ", ".join(f"{len(g)} like iteration {g[0][0]}" for g in groups)
         if sizes_only:
             advice = ("tensor sizes change from step to step (dynamic padding or variable-length "
-                      "batches? sparse gradients, whose rows are the distinct ids of each batch?): "
+                      "batches, packed or not? sparse gradients, whose rows are the distinct ids of each batch?): "
                       "pad or bucket the batches to one fixed shape (e.g. padding='max_length' "
                       "with a tokenizer), or use dense gradients, and profile again; planning for "
                       "several shapes is not supported yet")

@@ -466,3 +466,13 @@ def test_shapes_that_change_every_step_are_reported_with_what_to_do(tmp_path: Pa
     assert error.startswith("teraio: error: no 2 of the 6 recorded iterations are alike")
     assert "tensor sizes change from step to step" in error and "pad or bucket" in error
     assert not (tmp_path / "profile").exists()
+
+
+def test_a_packed_sequence_of_other_lengths_every_step_is_reported_as_sizes_that_change(tmp_path: Path) -> None:
+    """Other lengths pack to other sizes and run other ops: the error said the ops differ (an
+    evaluation every few steps?) and to raise --warmup, which would never help."""
+    r = run_teraio("profile", SCRIPTS / "packed_rnn.py", "--out", tmp_path / "profile", "--", "--vary",
+                   cwd=tmp_path, timeout=300)
+    assert r.returncode == 2, r.stderr
+    error = r.stderr.strip().splitlines()[-1]
+    assert "tensor sizes change from step to step" in error and "--warmup" not in error

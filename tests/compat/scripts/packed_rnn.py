@@ -1,5 +1,5 @@
 """An LSTM or GRU language model over padded batches, packed with pack_padded_sequence (the same
-lengths every step) and unpacked with pad_packed_sequence."""
+lengths every step, or other ones with --vary) and unpacked with pad_packed_sequence."""
 
 import argparse
 
@@ -11,6 +11,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=6)
 p.add_argument("--save")
 p.add_argument("--cell", choices=["lstm", "gru"], default="lstm")
+p.add_argument("--vary", action="store_true", help="other lengths every step")
 args = p.parse_args()
 torch.manual_seed(0)
 V, E, H, T, B = 500, 64, 128, 24, 16
@@ -35,6 +36,8 @@ g = torch.Generator().manual_seed(1)
 lengths = torch.randint(T // 2, T + 1, (B,), generator=g)
 lengths[0] = T
 for step in range(args.steps):
+    if args.vary:
+        lengths = torch.randint(4, T + 1, (B,), generator=g)
     x = torch.randint(1, V, (B, T + 1), generator=g) * (torch.arange(T + 1)[None, :] < lengths[:, None] + 1)
     logits = model(x[:, :-1], lengths)
     loss = nn.functional.cross_entropy(logits.reshape(-1, V), x[:, 1:].reshape(-1), ignore_index=0)
