@@ -128,8 +128,8 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
     stays_out: set[int] = set()
     for m in plan.out_at_boundary(rank):
         tid = m.tensor_id
-        if tid < PRODUCED_BASE:  # named otherwise, another tensor (NOTE [ Other sizes ] in runtime.executor)
-            now = tid if m.name is None or names.get(m.name) == tid else None
+        if tid < PRODUCED_BASE:  # by its name (NOTE [ Named by position ] in runtime.executor)
+            now = tid if m.name is None else names.get(m.name)
         else:
             now = plan_ids.get(tid, tid if LONG_BASE <= tid < CARRIED_FLAG else None)
         if now is not None and now in out:

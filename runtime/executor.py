@@ -325,6 +325,7 @@ class PlanExecutor(OpStream):
         self._in_collective: set[int] = set()  # made in an iteration, used by a collective since
         # NOTE [ Collectives a script waits for ]: c10d's works not known done, and their storages
         self._works: list[tuple[Any, list[weakref.ref[torch.UntypedStorage]]]] = []
+        self._named: dict[str, int] = {}  # persistent name -> its id in this iteration (NOTE [ Named by position ])
         self._collective_wait_left = _COLLECTIVE_WAIT_S  # in this iteration
         self._spill = "ssd" if "ssd" in backends else "host"
         # the device whose memory the budget holds: a CUDA run's CPU tensors (a pinned batch an
@@ -518,6 +519,13 @@ class PlanExecutor(OpStream):
     # another role. That move is left out and the iteration goes on following the plan. An
     # iteration where more planned offloads find another size than the plan's size counts
     # as one that left the plan: a plan made for a model of another size is refused so.
+    # NOTE [ Named by position ]: a persistent storage's id is its position among the names at a
+    # boundary (parameters, their gradients, optimizer states: torch_patch.identity), so where the
+    # set of names differs from the profile's, the ids after it shift. A script that freezes a
+    # block at step 3, profiled past it (--warmup 4), still had the block's gradients at the next
+    # two boundaries: the plan's ids then named other tensors, its moves of the later Adam states
+    # were left out, and those iterations followed the plan at 1.25x its budget. So a planned move
+    # of a named storage finds it by its name (``_named``, at each boundary), at the boundary too.
     def _leave(self, where: str) -> None:
         """Run the rest of this iteration on demand (NOTE [ Boundaries ] in runtime.boundary)."""
         self.schedule = None
@@ -536,6 +544,8 @@ class PlanExecutor(OpStream):
 
     def _start(self, m: Migration) -> None:
         tid = m.tensor_id
+        if m.name is not None and tid < PRODUCED_BASE:  # NOTE [ Named by position ]
+            tid = self._named.get(m.name, tid)
         if m.action == "offload":
             storage = self.ids.storage(tid)
             if storage is None and tid in self.plan_ids:
@@ -1572,9 +1582,9 @@ class PlanExecutor(OpStream):
                         "whose ops are its own")
 
     def begin_iteration(self) -> None:
+        self._named = {name: tid for tid, (name, _) in self.persistent.items()}
         boundary = at_boundary(
-            self.plan, self.rank, self._ending, renamed=self._renamed,
-            names={name: tid for tid, (name, _) in self.persistent.items()},
+            self.plan, self.rank, self._ending, renamed=self._renamed, names=self._named,
             live_bytes=self._live_bytes,
             out={t for t, e in self.moved.items() if not e.touched and e.state is not Residency.FETCHING},
             after_first=self.iteration == 1, iteration=self.iteration)

@@ -379,6 +379,18 @@ def test_first_steps_unlike_the_rest_are_profiled_past(tmp_path: Path) -> None:
     assert_within_budget(teraio)
 
 
+def test_a_block_frozen_late_leaves_the_plans_moves_found_by_name(tmp_path: Path) -> None:
+    """NOTE [ Named by position ] in runtime.executor: the block frozen at step 3 keeps its
+    gradients at the next two boundaries, so the later tensors' ids are not the profile's there;
+    the plan's moves of the Adam states were left out and iterations 3 and 4 followed it at 1.25x
+    its budget."""
+    plain, teraio = compare(SCRIPTS / "freeze_late.py", [], tmp_path, profile_opts=("--warmup", "4"))
+    assert_identical(plain, teraio)
+    assert teraio.report is not None
+    assert teraio.report["iteration_followed"][3:] == [True] * 5
+    assert_within_budget(teraio)
+
+
 def test_iterations_the_profile_set_aside_before_its_first_are_not_held_against_the_plan(
         tmp_path: Path) -> None:
     """An averaged model's first update copies and its second differs in sizes, and step 3
