@@ -134,7 +134,8 @@ def run(
     report: Annotated[
         Path | None, typer.Option(help="Write the run report (JSON) here; for a job, one report "
                                        "with every rank's figures. A single process writes it also "
-                                       "when the script fails or is stopped, for the steps it ran.")
+                                       "when the script fails or is stopped, for the steps it ran "
+                                       "(not when it ends with os._exit, which skips every exit handler).")
     ] = None,
     nproc: Annotated[int | None, typer.Option(
         min=1, help="Run a job of this many processes on this node, started by PyTorch's launcher "
