@@ -1510,6 +1510,9 @@ class PlanExecutor(OpStream):
         self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
         self.copies = {new_ids.get(t, t): e for t, e in self.copies.items()}
         self._left_over = {new_ids.get(t, t): n for t, n in self._left_over.items()}
+        for old, new in new_ids.items():  # a name let go (NOTE [ Left over ])
+            if old < PRODUCED_BASE and LONG_BASE <= new < CARRIED_FLAG and new not in self.moved:
+                self._left_over[new] = self.sizes.get(new, 0)
         self._in_collective = {new_ids.get(t, t) for t in self._in_collective}
         for entry in self.moved.values():
             if entry.job is not None:
@@ -1619,7 +1622,10 @@ class PlanExecutor(OpStream):
     # iteration after. So at the boundary after such an iteration, a storage it made that no op
     # has read since (64 KiB or more, of the budget's device, not named nor the plan's) goes out
     # with the plan's. A deep copy makes its storages outside any op, then fills them (``set_``,
-    # the destination of ``copy_``, aliases): none of those reads them.
+    # the destination of ``copy_``, aliases): none of those reads them. So does a storage whose
+    # name was let go at the boundary (NOTE [ Names let go ] in torch_patch.opstream): a first
+    # model's weights kept as a state dict while a second model trains went on in memory beside
+    # the second's, whose iterations followed the plan at 1.36x its budget.
     def _send_left_over(self, known: Iterable[int]) -> list[int]:
         """Send out what the iteration before left over (NOTE [ Left over ]); their ids."""
         left, self._left_over = self._left_over, {}
