@@ -354,8 +354,9 @@ class PlanExecutor(OpStream):
         if short:  # without the lock, which the thread that frees may need
             self._await_collectives(short)
         out = func(*args, **kwargs)
-        if isinstance(out, tuple) and out and isinstance(out[-1], torch.ScriptObject):  # c10d's (.., Work)
-            self._track_work(out[-1], inputs)
+        work = out[-1] if isinstance(out, tuple) and out else out  # c10d's (..., Work), or a Work (send)
+        if isinstance(work, torch.ScriptObject):
+            self._track_work(work, inputs)
         return out
 
     def _before_op(self, index: int, func: Any, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
@@ -1473,11 +1474,14 @@ class PlanExecutor(OpStream):
     def _forget_works(self, done: Callable[[Any], bool]) -> None:
         """Forget the works ``done``; what the plan sent out while one held it goes out before the
         next op that does not use it (NOTE [ Collectives a script waits for ])."""
-        ended = [refs for work, refs in self._works if done(work)]
+        ended: list[tuple[Any, list[weakref.ref[torch.UntypedStorage]]]] = []
+        pending: list[tuple[Any, list[weakref.ref[torch.UntypedStorage]]]] = []
+        for work, refs in self._works:  # each asked once: one done between two asks would be lost
+            (ended if done(work) else pending).append((work, refs))
         if not ended:
             return
-        self._works = [(work, refs) for work, refs in self._works if not done(work)]
-        for refs in ended:
+        self._works = pending
+        for _, refs in ended:
             for ref in refs:
                 storage = ref()
                 if storage is not None and id(storage) not in self._held and not self._in_work(storage):

@@ -449,7 +449,10 @@ class OpStream(TorchDispatchMode):
         if self.uncounted:
             if self.theirs:
                 self._theirs(args, kwargs)
-            return self.run_uncounted(func, args, kwargs)
+            out = self.run_uncounted(func, args, kwargs)
+            if info.read_unseen is not None:  # packed in a DataLoader's collate_fn: NOTE [ Read through pointers ]
+                self._others_manage(out[info.read_unseen].untyped_storage())
+            return out
         index = self.op_index
         self.op_index = index + 1
         ids = self.ids

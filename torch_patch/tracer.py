@@ -119,9 +119,10 @@ def _accessed_sizes(tables: Tables) -> np.ndarray:
     return sizes.reindex(tables[2]["tensor_id"]).fillna(-1).to_numpy(np.int64)
 
 
-def _difference(a: Tables, b: Tables) -> tuple[str, bool]:
-    """How iteration tables ``b`` differ from ``a``, in words, and whether sizes differ first
-    (alone, or before the ops do: a packed sequence of other lengths runs other ops)."""
+def _difference(a: Tables, b: Tables) -> tuple[str, bool, bool]:
+    """How iteration tables ``b`` differ from ``a``, in words; whether only sizes differ; and
+    whether sizes differ first (alone, or before the ops do: a packed sequence of other lengths
+    runs other ops, and so does an evaluation on batches of another size)."""
     names_a, names_b = a[0]["op_name"].tolist(), b[0]["op_name"].tolist()
     sizes_a, sizes_b = _accessed_sizes(a), _accessed_sizes(b)
     if names_a != names_b:
@@ -129,18 +130,24 @@ def _difference(a: Tables, b: Tables) -> tuple[str, bool]:
                  min(len(names_a), len(names_b)))
         what = (f"op {k} is {names_b[k]}, not {names_a[k]}" if k < min(len(names_a), len(names_b))
                 else f"it has {len(names_b)} ops, not {len(names_a)}")
-        ops_b = b[2]["op_index"].to_numpy()
-        before_a, before_b = sizes_a[a[2]["op_index"].to_numpy() < k], sizes_b[ops_b < k]
-        if len(before_a) == len(before_b) and (before_a != before_b).any():
-            i = int(np.argmax(before_a != before_b))
-            op = int(ops_b[ops_b < k][i])
-            return f"op {op} uses a tensor of {before_b[i]:,} bytes, not {before_a[i]:,}, and {what}", True
-        return what, False
+        # the same ops before op k: their accesses align; those of carried storages (a last
+        # evaluation's output, read at op 0) differ between iterations of one shape
+        ops_a, ops_b = a[2]["op_index"].to_numpy(), b[2]["op_index"].to_numpy()
+        if (ops_a < k).sum() == (ops_b < k).sum():
+            own = (a[2]["tensor_id"].to_numpy()[ops_a < k] & CARRIED_FLAG == 0) & (
+                b[2]["tensor_id"].to_numpy()[ops_b < k] & CARRIED_FLAG == 0)
+            before_a, before_b = sizes_a[ops_a < k], sizes_b[ops_b < k]
+            differ = own & (before_a != before_b)
+            if differ.any():
+                i = int(np.argmax(differ))
+                op = int(ops_b[ops_b < k][i])
+                return f"op {op} uses a tensor of {before_b[i]:,} bytes, not {before_a[i]:,}, and {what}", False, True
+        return what, False, False
     if len(sizes_a) == len(sizes_b) and (sizes_a != sizes_b).any():
         i = int(np.argmax(sizes_a != sizes_b))
         op = int(b[2]["op_index"].iloc[i])
-        return f"op {op} uses a tensor of {sizes_b[i]:,} bytes, not {sizes_a[i]:,}", True
-    return f"its ops use {len(sizes_b)} tensors, not {len(sizes_a)}", False
+        return f"op {op} uses a tensor of {sizes_b[i]:,} bytes, not {sizes_a[i]:,}", True, True
+    return f"its ops use {len(sizes_b)} tensors, not {len(sizes_a)}", False, False
 
 
 def _kept_tensors(group: list[Tables]) -> pd.DataFrame:
@@ -631,7 +638,7 @@ class Tracer(OpStream):
             kept = {it for it, _ in group}
             self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only}
                             for g in self.groups.values() for it, t in g if it not in kept
-                            for why, sizes_only in [_difference(group[0][1], t)]]
+                            for why, sizes_only, _ in [_difference(group[0][1], t)]]
         biggest = max(self.groups.values(), key=len)
         summary["recorded"] = group is biggest
         if group is not biggest:
@@ -684,9 +691,15 @@ class Tracer(OpStream):
             return None
         groups = sorted(self.groups.values(), key=lambda g: g[0][0])
         (first_it, a), (other_it, b) = groups[0][0], groups[1][0]
-        what, sizes_only = _difference(a, b)
+        what, sizes_only, sizes_first = _difference(a, b)
         counted = ", ".join(f"{len(g)} like iteration {g[0][0]}" for g in groups)
-        if sizes_only:
+        if sizes_first and not sizes_only:
+            advice = ("tensor sizes change from step to step, and the ops with them (variable-length "
+                      "batches, packed or not? an evaluation on batches of another size?): pad or bucket "
+                      "the batches to one fixed shape and profile again (planning for several shapes is "
+                      "not supported yet); if these are evaluation steps, profile a stretch of training "
+                      "steps that are alike (raise --warmup past them, or run more steps)")
+        elif sizes_only:
             advice = ("tensor sizes change from step to step (dynamic padding or variable-length "
                       "batches, packed or not? sparse gradients, whose rows are the distinct ids of each batch?): "
                       "pad or bucket the batches to one fixed shape (e.g. padding='max_length' "
