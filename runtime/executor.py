@@ -26,7 +26,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -319,6 +319,7 @@ class PlanExecutor(OpStream):
         self._evict_transient = any(m.name is not None for m in moves)  # no writes teraio cannot see
         self._used_at: dict[int, int] = {}
         self._left_over: dict[int, int] = {}  # NOTE [ Left over ]: made on demand, unused since
+        self._let_go: set[int] = set()  # named at the boundary before, no longer (NOTE [ Left over ])
         self._clock = 0
         self._busy: set[int] = set()  # used by a collective in this iteration
         self._busy_before: set[int] = set()  # and in the one before (renamed at the boundary)
@@ -542,6 +543,11 @@ class PlanExecutor(OpStream):
                             "on demand, and may need more memory than the plan's budget")
             return
         self.left_at = f"iteration {self.iteration}, {where}"
+
+    @_locked
+    def on_late_root(self, name: str) -> None:
+        if self.schedule is not None and not self.forked():  # NOTE [ Late roots ] in torch_patch.opstream
+            self._leave(f"op {self.op_index}: model {name} first called, unknown to the plan")
 
     def _start(self, m: Migration) -> None:
         tid = m.tensor_id
@@ -1514,9 +1520,8 @@ class PlanExecutor(OpStream):
         self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
         self.copies = {new_ids.get(t, t): e for t, e in self.copies.items()}
         self._left_over = {new_ids.get(t, t): n for t, n in self._left_over.items()}
-        for old, new in new_ids.items():  # a name let go (NOTE [ Left over ])
-            if old < PRODUCED_BASE and LONG_BASE <= new < CARRIED_FLAG and new not in self.moved:
-                self._left_over[new] = self.sizes.get(new, 0)
+        self._let_go = {new for old, new in new_ids.items()  # a name let go (NOTE [ Left over ])
+                        if old < PRODUCED_BASE and LONG_BASE <= new < CARRIED_FLAG}
         self._in_collective = {new_ids.get(t, t) for t in self._in_collective}
         for entry in self.moved.values():
             if entry.job is not None:
@@ -1604,14 +1609,15 @@ class PlanExecutor(OpStream):
             storage = self.ids.storage(tid)
             if storage is not None and tid not in self.moved:
                 self._offload(tid, storage, m.place, urgent=True, name=m.name)
-        left_over = self._send_left_over(boundary.plan_ids.values())
+        let_go, self._let_go = self._let_go, set()
+        left_over = self._send_left_over(boundary.plan_ids.values(), let_go)
         for tid in [t for t, _ in boundary.send_out] + left_over:
             entry = self.moved.get(tid)
             if entry is not None and entry.state is Residency.OFFLOADING:
                 self._wait(entry, "boundary")
         for tid in boundary.bring_back:
             entry = self.moved.get(tid)
-            if entry is None:
+            if entry is None or tid in let_go:  # not the plan's: it stays out
                 continue
             if entry.state is Residency.OFFLOADING:
                 self._needed_again(entry)
@@ -1627,13 +1633,17 @@ class PlanExecutor(OpStream):
     # has read since (64 KiB or more, of the budget's device, not named nor the plan's) goes out
     # with the plan's. A deep copy makes its storages outside any op, then fills them (``set_``,
     # the destination of ``copy_``, aliases): none of those reads them. So does a storage whose
-    # name was let go at the boundary (NOTE [ Names let go ] in torch_patch.opstream): a first
-    # model's weights kept as a state dict while a second model trains went on in memory beside
-    # the second's, whose iterations followed the plan at 1.36x its budget.
-    def _send_left_over(self, known: Iterable[int]) -> list[int]:
-        """Send out what the iteration before left over (NOTE [ Left over ]); their ids."""
-        left, self._left_over = self._left_over, {}
-        if self._ending is not Ending.ON_DEMAND or not left:
+    # name was let go at the boundary (NOTE [ Names let go ] in torch_patch.opstream), whatever
+    # the iteration before did: a first model's weights kept as a state dict while a second model
+    # trains went on in memory beside the second's, whose iterations followed the plan at 1.36x its
+    # budget; one already out stays out (it was brought back as a storage the plan has in).
+    def _send_left_over(self, known: Iterable[int], let_go: Collection[int] = ()) -> list[int]:
+        """Send out what the iteration before left over, and the storages ``let_go`` (NOTE [ Left
+        over ]); their ids."""
+        left = list(self._left_over) if self._ending is Ending.ON_DEMAND else []
+        self._left_over = {}
+        left += [t for t in let_go if t not in left]
+        if not left:
             return []
         known = set(known)
         sent = []

@@ -405,6 +405,9 @@ class OpStream(TorchDispatchMode):
         """Run an op that is not counted (NOTE [ Data loading is not counted ])."""
         return func(*args, **kwargs)
 
+    def on_late_root(self, name: str) -> None:
+        """Model ``name`` was first called after an optimizer's step (NOTE [ Late roots ])."""
+
     def on_foreign(self, storage: torch.UntypedStorage) -> None:
         """``storage`` became someone else's to manage (``foreign``)."""
 
@@ -449,10 +452,7 @@ class OpStream(TorchDispatchMode):
         if self.uncounted:
             if self.theirs:
                 self._theirs(args, kwargs)
-            out = self.run_uncounted(func, args, kwargs)
-            if info.read_unseen is not None:  # packed in a DataLoader's collate_fn: NOTE [ Read through pointers ]
-                self._others_manage(out[info.read_unseen].untyped_storage())
-            return out
+            return self._read_unseen(info, self.run_uncounted(func, args, kwargs))  # a collate_fn's
         index = self.op_index
         self.op_index = index + 1
         ids = self.ids
@@ -505,7 +505,12 @@ class OpStream(TorchDispatchMode):
         if self.in_comm_hook:
             self._hook_touched(outputs)
         self.after_op(index, info, inputs, outputs)
-        if info.read_unseen is not None:  # NOTE [ Read through pointers ]
+        return self._read_unseen(info, out)
+
+    def _read_unseen(self, info: OpInfo, out: Any) -> Any:
+        """``out``, its result read through its pointer later others' to manage (NOTE [ Read through
+        pointers ]), where op ``info`` ran: counted, uncounted, or on a thread of the script's own."""
+        if info.read_unseen is not None:
             self._others_manage(out[info.read_unseen].untyped_storage())
         return out
 
@@ -724,13 +729,16 @@ class OpStream(TorchDispatchMode):
             return name
         if not self.module_stack:  # a new root model
             roots = [m for m in self.roots() if has_parameters(m)]
-            if self._steps_seen and any(m not in self._late_roots for m in roots):  # NOTE [ Late roots ]
+            late = self._steps_seen and any(m not in self._late_roots for m in roots)  # NOTE [ Late roots ]
+            if late:
                 self._late_roots.add(module)
             self._roots.append(weakref.ref(module))
             if not has_parameters(module):  # a loss module: by its type, apart from the models' paths
                 prefix = f"{type(module).__name__}."
             else:
                 prefix = f"root{len(roots)}." if roots else ""
+                if self._steps_seen and not self._named_already(module):  # NOTE [ Late roots ]
+                    self.on_late_root(prefix.rstrip(".") or type(module).__name__)
             named = []
             for sub, m in module.named_modules():
                 if id(m) not in self._module_names:
@@ -768,9 +776,22 @@ class OpStream(TorchDispatchMode):
     # A root with no parameter (a loss module called as one, a weighted one's weights a buffer)
     # counts for neither, and takes no number in the names (``persistent_names``): with k-fold
     # training's loss module alive, each new fold's model was late, and every iteration after
-    # the first fold ran on demand at 1.65x the budget. Not handled: another root with
-    # parameters that lives on (the old model kept for an ensemble: the plan's names bind to its
-    # idle weights). Profile past the change there (``teraio profile --warmup``).
+    # the first fold ran on demand at 1.65x the budget. `teraio run` runs the rest of the iteration
+    # where a model whose parameters have no name yet is first called after a step on demand: the
+    # plan knows none of its storages (a second model built before the first trained, trained
+    # after it with plain SGD, ran the plan's own ops and followed it at 1.63x). Not handled:
+    # another root with parameters that lives on (the old model kept for an ensemble: the plan's
+    # names bind to its idle weights). Profile past the change there (``teraio profile --warmup``).
+    def _named_already(self, module: torch.nn.Module) -> bool:
+        """Whether a parameter of ``module`` has a persistent name (``model[:4]``, a new root each
+        step, runs the model's own weights)."""
+        for p in module.parameters():
+            for part in holders(p):
+                storage = _own_storage(part)
+                if storage is not None and self.ids.get(storage) in self.persistent:
+                    return True
+        return False
+
     def named_roots(self) -> list[torch.nn.Module]:
         """The live roots whose storages get persistent names (NOTE [ Late roots ])."""
         roots = self.roots()
@@ -1355,7 +1376,7 @@ class _Elsewhere(TorchDispatchMode):
             info = stream._infos[func] = _op_info(func)
         if info.skip or info.view:  # an alias reads nothing (a background save's detach: NOTE [
             return func(*args, **kwargs)  # Streamed saves ] in runtime.saves writes it from its copy)
-        return stream.run_elsewhere(func, args, kwargs, info)
+        return stream._read_unseen(info, stream.run_elsewhere(func, args, kwargs, info))
 
 
 def _optional(module: str) -> types.ModuleType | None:

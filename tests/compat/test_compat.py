@@ -121,12 +121,14 @@ def test_an_in_memory_data_set_is_never_moved(tmp_path: Path) -> None:
     assert teraio.report["first_iteration_peak_bytes"] <= 1.05 * teraio.report["first_iteration_budget_bytes"]
 
 
-@pytest.mark.parametrize("how", [["--cell", "lstm"], ["--cell", "gru"], ["--collate"]], ids=["lstm", "gru", "collate"])
+@pytest.mark.parametrize("how", [["--cell", "lstm"], ["--cell", "gru"], ["--collate"], ["--collate", "--thread"]],
+                         ids=["lstm", "gru", "collate", "thread"])
 def test_a_packed_sequences_batch_sizes_are_never_moved(how: list[str], tmp_path: Path) -> None:
     """NOTE [ Read through pointers ] in torch_patch.opstream: the packed LSTM and GRU read the
     packing's ``batch_sizes`` below any dispatch mode; the smallest plan sent them out and the
     first step failed ("data is not allocated yet", or a slice of a garbage length). So where a
-    DataLoader's collate_fn packs the batch, outside the ops teraio counts (found by a review)."""
+    DataLoader's collate_fn packs the batch, outside the ops teraio counts, or a producer thread
+    of the script's own does (found by two reviews)."""
     plain, teraio = compare(SCRIPTS / "packed_rnn.py", how, tmp_path, share="min")
     assert_pattern_held(plain, teraio, tmp_path)
 
@@ -380,15 +382,20 @@ def test_first_steps_unlike_the_rest_are_profiled_past(tmp_path: Path) -> None:
     assert_within_budget(teraio)
 
 
-def test_a_first_models_weights_kept_while_a_second_trains_go_out(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", [[], ["--keep-optimizer"], ["--up-front"]], ids=["weights", "optimizer", "up-front"])
+def test_a_first_models_weights_kept_while_a_second_trains_go_out(how: list[str], tmp_path: Path) -> None:
     """NOTE [ Left over ] in runtime.executor: the first model's weights, kept as its state dict,
     are let go by every name once the second model trains, and went on in memory beside the
-    second's: its iterations followed the plan at 1.36x its budget. Only the second model's first
-    iteration runs on demand."""
-    plain, teraio = compare(SCRIPTS / "two_runs.py", [], tmp_path)
+    second's: its iterations followed the plan at 1.36x its budget. A review found two more: the
+    Adam moments kept too, which the plan had out, were brought back at the boundary (1.86x at
+    the smallest budget); and with both models built up front and trained with plain SGD, the
+    second's first iteration ran the plan's own ops and followed it at 1.63x: now any model first
+    called after a step leaves the plan there (NOTE [ Late roots ] in torch_patch.opstream)."""
+    plain, teraio = compare(SCRIPTS / "two_runs.py", how, tmp_path, share="min" if how else "50%")
     assert_identical(plain, teraio)
     assert teraio.report is not None
-    assert [u["iteration"] for u in teraio.report["unfollowed_iterations"]] == [5]
+    unfollowed = [u["iteration"] for u in teraio.report["unfollowed_iterations"]]
+    assert unfollowed == [5], unfollowed  # the second model's first: new storages (NOTE [ Late roots ])
     assert_within_budget(teraio)
 
 

@@ -1,8 +1,11 @@
 """An LSTM or GRU language model over padded batches, packed with pack_padded_sequence (the same
 lengths every step, or other ones with --vary; in the model, or in a DataLoader's collate_fn with
---collate) and unpacked with pad_packed_sequence."""
+--collate, on a producer thread of the script's own with --thread too) and unpacked with
+pad_packed_sequence."""
 
 import argparse
+import queue
+import threading
 
 import torch
 from torch import nn
@@ -14,6 +17,7 @@ p.add_argument("--save")
 p.add_argument("--cell", choices=["lstm", "gru"], default="lstm")
 p.add_argument("--vary", action="store_true", help="other lengths every step")
 p.add_argument("--collate", action="store_true", help="pack in the DataLoader's collate_fn")
+p.add_argument("--thread", action="store_true", help="make the batches on a producer thread")
 args = p.parse_args()
 torch.manual_seed(0)
 V, E, H, T, B = 500, 64, 128, 24, 16
@@ -55,6 +59,10 @@ def collate(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[object, tor
 model = LM()
 opt = torch.optim.Adam(model.parameters(), lr=2e-3)
 loader = torch.utils.data.DataLoader(batches, batch_size=1, collate_fn=collate)
+if args.thread:
+    ready: queue.Queue = queue.Queue(maxsize=1)
+    threading.Thread(target=lambda: [ready.put(collate([b])) for b in batches], daemon=True).start()
+    loader = (ready.get() for _ in batches)  # type: ignore[assignment]
 for step, (inputs, target, lengths) in enumerate(loader):
     logits = model(inputs, lengths)
     loss = nn.functional.cross_entropy(logits.reshape(-1, V), target.reshape(-1), ignore_index=0)
