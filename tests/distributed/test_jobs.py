@@ -283,16 +283,23 @@ def test_a_tensor_a_collective_uses_is_not_sent_out_before_the_collective_is_don
     """NOTE [ Ops on a tensor going out ] in runtime.executor: a collective returns before its
     transfer is done, so a tensor going out that one uses is kept in (sent out again after the
     op, it was written with the bytes from before the all-reduce: 2 where 4 was due)."""
-    script = tmp_path / "late_peer.py"
-    script.write_text(LATE_PEER)
+    for r in two_ranks(LATE_PEER, tmp_path):
+        assert "sums [4.0, 4.0, 4.0, 4.0]" in r.stdout, r.stdout
+
+
+def two_ranks(text: str, tmp_path: Path, *args: str) -> list[subprocess.CompletedProcess[str]]:
+    """Script ``text`` run as ranks 0 and 1 of a gloo group (its arguments: the rank, the group's
+    store, ``args``), each exiting 0."""
+    script = tmp_path / "ranks.py"
+    script.write_text(text)
     env = {**ENV, "PYTHONPATH": str(ROOT)}
     store = str(tmp_path / "store")
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), store], cwd=tmp_path, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), store, *args], cwd=tmp_path, env=env,
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
     results = [finish(p) for p in procs]
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
-        assert "sums [4.0, 4.0, 4.0, 4.0]" in r.stdout, r.stdout
+    return results
 
 
 SENT_BEFORE_THE_WAIT = """
@@ -350,15 +357,7 @@ def test_a_tensor_a_collective_still_sends_is_not_sent_out(how: str, tmp_path: P
     which starts a period a plan may send ``x`` out in. Freed then, rank 1 (0.3 s late) received
     what took its memory: sums of 8.0 (the 7.0 of the next tensor) and 7.9e27 where 2.0 was due,
     in 3 runs of 3. So with ``isend``, whose op returns its Work alone (found by a review)."""
-    script = tmp_path / "sent_before_the_wait.py"
-    script.write_text(SENT_BEFORE_THE_WAIT)
-    env = {**ENV, "PYTHONPATH": str(ROOT)}
-    store = str(tmp_path / "store")
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), store, how], cwd=tmp_path, env=env,
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
-    results = [finish(p) for p in procs]
-    for r in results:
-        assert r.returncode == 0, r.stderr[-3000:]
+    for r in two_ranks(SENT_BEFORE_THE_WAIT, tmp_path, how):
         sums = [float(v) for v in re.findall(r"[-+\d.e]+", r.stdout.split("sums", 1)[1])]
         assert sums == [2 + 7 / (1 << 20)] * 4, r.stdout
 
