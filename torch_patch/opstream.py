@@ -1328,7 +1328,9 @@ class OpStream(TorchDispatchMode):
 
         def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
             if model is not None:
-                name = getattr(model, "__qualname__", None) or type(model).__name__
+                owner = getattr(model, "__self__", None)  # ``model.compile()`` compiles its _call_impl
+                name = (type(owner).__name__ if isinstance(owner, torch.nn.Module) else
+                        getattr(model, "__qualname__", None) or type(model).__name__)
                 stream._note_compiled(str(name))
             return compile_(model, *args, **kwargs)
 

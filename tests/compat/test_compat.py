@@ -477,10 +477,12 @@ def test_a_copy_made_anew_after_the_profile_goes_out_too(make: str, tmp_path: Pa
     assert_within_budget(teraio)
 
 
-def test_a_compiled_model_runs_eagerly_and_says_so(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", [[], ["--in-place"]], ids=["wrapped", "in-place"])
+def test_a_compiled_model_runs_eagerly_and_says_so(how: list[str], tmp_path: Path) -> None:
     """Under teraio a torch.compile'd model runs eagerly: the same results as the eager model,
-    bit for bit, and one warning that says so (in the run report too)."""
-    plain, teraio = compare(SCRIPTS / "compiled.py", [], tmp_path, plain_args=["--eager"])
+    bit for bit, and one warning that says so, naming the model (in the run report too; compiled
+    in place, ``model.compile()``, it was named "Module._call_impl")."""
+    plain, teraio = compare(SCRIPTS / "compiled.py", how, tmp_path, plain_args=["--eager"])
     assert_identical(plain, teraio)
     assert teraio.stderr.count("compiled code runs eagerly under teraio") == 1
     assert "compiled code runs eagerly under teraio" in teraio.profile_stderr

@@ -1,4 +1,5 @@
-"""A model wrapped in torch.compile (pass --eager to train the same model without it)."""
+"""A model wrapped in torch.compile, or compiled in place with model.compile() (--in-place); pass
+--eager to train the same model without it."""
 
 import argparse
 
@@ -8,11 +9,16 @@ from torch import nn
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=6)
 p.add_argument("--eager", action="store_true")
+p.add_argument("--in-place", action="store_true")
 p.add_argument("--save")
 args = p.parse_args()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
-step_model = model if args.eager else torch.compile(model)
+step_model = model
+if args.in_place and not args.eager:
+    model.compile()
+elif not args.eager:
+    step_model = torch.compile(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 g = torch.Generator().manual_seed(1)
 for step in range(args.steps):
