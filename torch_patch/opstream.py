@@ -737,7 +737,7 @@ class OpStream(TorchDispatchMode):
                 prefix = f"{type(module).__name__}."
             else:
                 prefix = f"root{len(roots)}." if roots else ""
-                if self._steps_seen and not self._named_already(module):  # NOTE [ Late roots ]
+                if self._steps_seen and self._built_before_unnamed(module):  # NOTE [ Late roots ]
                     self.on_late_root(prefix.rstrip(".") or type(module).__name__)
             named = []
             for sub, m in module.named_modules():
@@ -777,20 +777,21 @@ class OpStream(TorchDispatchMode):
     # counts for neither, and takes no number in the names (``persistent_names``): with k-fold
     # training's loss module alive, each new fold's model was late, and every iteration after
     # the first fold ran on demand at 1.65x the budget. `teraio run` runs the rest of the iteration
-    # where a model whose parameters have no name yet is first called after a step on demand: the
-    # plan knows none of its storages (a second model built before the first trained, trained
-    # after it with plain SGD, ran the plan's own ops and followed it at 1.63x). Not handled:
-    # another root with parameters that lives on (the old model kept for an ensemble: the plan's
-    # names bind to its idle weights). Profile past the change there (``teraio profile --warmup``).
-    def _named_already(self, module: torch.nn.Module) -> bool:
-        """Whether a parameter of ``module`` has a persistent name (``model[:4]``, a new root each
-        step, runs the model's own weights)."""
-        for p in module.parameters():
-            for part in holders(p):
-                storage = _own_storage(part)
-                if storage is not None and self.ids.get(storage) in self.persistent:
-                    return True
-        return False
+    # where a model built before it, none of whose parameters has a name, is first called after a
+    # step on demand: the plan knows its storages only as idle ones (a second model built before
+    # the first trained, trained after it with plain SGD, ran the plan's own ops and followed it
+    # at 1.63x). Not a layer made inside the step, whose weights the plan knows as the
+    # iteration's own. Not handled: another root with parameters that lives on (the old model
+    # kept for an ensemble: the plan's names bind to its idle weights). Profile past the change
+    # there (``teraio profile --warmup``).
+    def _built_before_unnamed(self, module: torch.nn.Module) -> bool:
+        """Whether ``module``'s weights were made before this iteration and none has a persistent
+        name: not ``model[:4]`` (a new root each step around the model's own, named, weights), nor
+        a layer made inside the step (its weights the iteration's own, as in the profile)."""
+        ids = [self.ids.get(s) for p in module.parameters() for part in holders(p)
+               if (s := _own_storage(part)) is not None]
+        return (not any(t is not None and t in self.persistent for t in ids)
+                and any(t is not None and t >= LONG_BASE for t in ids))
 
     def named_roots(self) -> list[torch.nn.Module]:
         """The live roots whose storages get persistent names (NOTE [ Late roots ])."""
