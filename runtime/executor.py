@@ -544,11 +544,6 @@ class PlanExecutor(OpStream):
             return
         self.left_at = f"iteration {self.iteration}, {where}"
 
-    @_locked
-    def on_late_root(self, name: str) -> None:
-        if self.schedule is not None and not self.forked():  # NOTE [ Late roots ] in torch_patch.opstream
-            self._leave(f"op {self.op_index}: model {name} first called, unknown to the plan")
-
     def _start(self, m: Migration) -> None:
         tid = m.tensor_id
         if m.name is not None and tid < PRODUCED_BASE:  # NOTE [ Named by position ]

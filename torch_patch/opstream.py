@@ -405,9 +405,6 @@ class OpStream(TorchDispatchMode):
         """Run an op that is not counted (NOTE [ Data loading is not counted ])."""
         return func(*args, **kwargs)
 
-    def on_late_root(self, name: str) -> None:
-        """Model ``name`` was first called after an optimizer's step (NOTE [ Late roots ])."""
-
     def on_foreign(self, storage: torch.UntypedStorage) -> None:
         """``storage`` became someone else's to manage (``foreign``)."""
 
@@ -729,16 +726,13 @@ class OpStream(TorchDispatchMode):
             return name
         if not self.module_stack:  # a new root model
             roots = [m for m in self.roots() if has_parameters(m)]
-            late = self._steps_seen and any(m not in self._late_roots for m in roots)  # NOTE [ Late roots ]
-            if late:
+            if self._steps_seen and any(m not in self._late_roots for m in roots):  # NOTE [ Late roots ]
                 self._late_roots.add(module)
             self._roots.append(weakref.ref(module))
             if not has_parameters(module):  # a loss module: by its type, apart from the models' paths
                 prefix = f"{type(module).__name__}."
             else:
                 prefix = f"root{len(roots)}." if roots else ""
-                if self._steps_seen and self._built_before_unnamed(module):  # NOTE [ Late roots ]
-                    self.on_late_root(prefix.rstrip(".") or type(module).__name__)
             named = []
             for sub, m in module.named_modules():
                 if id(m) not in self._module_names:
@@ -776,23 +770,13 @@ class OpStream(TorchDispatchMode):
     # A root with no parameter (a loss module called as one, a weighted one's weights a buffer)
     # counts for neither, and takes no number in the names (``persistent_names``): with k-fold
     # training's loss module alive, each new fold's model was late, and every iteration after
-    # the first fold ran on demand at 1.65x the budget. `teraio run` runs the rest of the iteration
-    # where a model built before it, none of whose parameters has a name, is first called after a
-    # step on demand: the plan knows its storages only as idle ones (a second model built before
-    # the first trained, trained after it with plain SGD, ran the plan's own ops and followed it
-    # at 1.63x). Not a layer made inside the step, whose weights the plan knows as the
-    # iteration's own. Not handled: another root with parameters that lives on (the old model
-    # kept for an ensemble: the plan's names bind to its idle weights). Profile past the change
-    # there (``teraio profile --warmup``).
-    def _built_before_unnamed(self, module: torch.nn.Module) -> bool:
-        """Whether ``module``'s weights were made before this iteration and none has a persistent
-        name: not ``model[:4]`` (a new root each step around the model's own, named, weights), nor
-        a layer made inside the step (its weights the iteration's own, as in the profile)."""
-        ids = [self.ids.get(s) for p in module.parameters() for part in holders(p)
-               if (s := _own_storage(part)) is not None]
-        return (not any(t is not None and t in self.persistent for t in ids)
-                and any(t is not None and t >= LONG_BASE for t in ids))
-
+    # the first fold ran on demand at 1.65x the budget. Not handled: another root with
+    # parameters that lives on (the old model kept for an ensemble: the plan's names bind to its
+    # idle weights); and the iteration in which a model built before it and idle until then is
+    # first called, where that iteration runs the plan's own ops (a second model built up front
+    # and trained with plain SGD after the first: 1.63x; leaving the plan at such a model's first
+    # call refused linear probing through a new slice of a frozen model each step). Profile past
+    # the change there (``teraio profile --warmup``).
     def named_roots(self) -> list[torch.nn.Module]:
         """The live roots whose storages get persistent names (NOTE [ Late roots ])."""
         roots = self.roots()
