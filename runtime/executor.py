@@ -372,7 +372,7 @@ class PlanExecutor(OpStream):
         if self.stream_copies:
             self.engine.poll()
         if self._works:
-            self._poll_works()
+            self._forget_works(_done)
         if self.engine.completed:
             self._drain()
         if self._left_over and not (name in UNCHECKED_ALIASES or name.startswith(_NOT_READING)):  # NOTE [ Left over ]
@@ -1464,9 +1464,6 @@ class PlanExecutor(OpStream):
     def _in_work(self, storage: torch.UntypedStorage) -> bool:
         return any(r() is storage for work, refs in self._works for r in refs if not _done(work))
 
-    def _poll_works(self) -> None:
-        self._forget_works(_done)
-
     @_locked
     def waited(self, work: Any) -> None:
         if not self.forked():
@@ -1635,9 +1632,8 @@ class PlanExecutor(OpStream):
     def _send_left_over(self, known: Iterable[int], let_go: Collection[int] = ()) -> list[int]:
         """Send out what the iteration before left over, and the storages ``let_go`` (NOTE [ Left
         over ]); their ids."""
-        left = list(self._left_over) if self._ending is Ending.ON_DEMAND else []
+        left = (self._left_over if self._ending is Ending.ON_DEMAND else {}).keys() | set(let_go)
         self._left_over = {}
-        left += [t for t in let_go if t not in left]
         if not left:
             return []
         known = set(known)
