@@ -75,6 +75,16 @@ def moved(report: dict[str, Any]) -> str:
     return ", ".join(out)
 
 
+def written(summary: dict[str, Any], report: dict[str, Any]) -> str:
+    """Bytes written an iteration: the plan's (what its moves write, kept copies not) against the
+    run's median from iteration 1 on. A busy time measured over the predicted one is a slower
+    link, or more bytes than the plan writes."""
+    measured = report["iteration_moved_bytes"]["write"][1:]
+    pred = summary["bytes_to_ssd"] + summary["bytes_to_host"]
+    return (f"written an iteration, predicted / measured: {pred / 2**30:.2f} / "
+            f"{(statistics.median(measured) if measured else 0) / 2**30:.2f} GiB")
+
+
 def waits(report: dict[str, Any]) -> str:
     """The run's waits per iteration from iteration 1 on, by what each was for (``_wait`` in
     runtime/executor.py): where a GPU run's host loses its lead over the GPU."""
@@ -200,7 +210,8 @@ def main() -> None:
                       f"(plain runs beside it {drift:.2f}x the first); "
                       f"peak predicted {peak_pred / MIB:.1f} MiB, measured {peak_meas / MIB:.1f} MiB"
                       + (f", CUDA's {max(cuda) / MIB:.1f} MiB" if cuda else "")
-                      + "; " + moved(r) + "; " + waits(r) + "; busy an iteration, predicted / measured: "
+                      + "; " + moved(r) + "; " + written(s, r) + "; " + waits(r)
+                      + "; busy an iteration, predicted / measured: "
                       + ", ".join(f"{d} {p * 1e3:,.0f} / {m * 1e3:,.0f} ms" for d, (p, m) in rows[-1]["busy"].items()),
                       flush=True)
     print()

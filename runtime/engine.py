@@ -249,8 +249,11 @@ class MigrationEngine:
     # The backend's ops run with the dispatch modes off: launched from the training thread, they
     # went through teraio's own mode, which polled this engine under the lock the launch held, and
     # the first GPU run hung (a scratch copy that runs this path on the CPU hung the same way in
-    # `tests/cli/test_run_cli.py`, and passes with the modes off). Not yet measured on a GPU beside
-    # the host's waits (``bench/fidelity.py --gpu --stream-copies``), so not the default.
+    # `tests/cli/test_run_cli.py`, and passes with the modes off). Measured on an H200 beside the
+    # host's waits (``bench/fidelity.py --gpu --stream-copies``, 2026-11-27): the host's waits went
+    # (at 75%, 6 ms an iteration against 138) but not the time (1.01x at 75%, 0.98x at 50%, 0.84x
+    # at the smallest budget), so the waits overlapped GPU work that ran anyway, and this is not
+    # the default.
     STREAM_WINDOW = 4
 
     def _launch(self, job: Job) -> None:
