@@ -305,11 +305,11 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
                carried_into_next: dict[int, dict[int, int]] | None = None, *,
                job: Mapping[str, Any] | None = None, world_size: int | None = None,
                signatures: Mapping[int, str] | None = None,
-               carried_into_first_kept: Mapping[int, tuple[int, dict[int, int]]] | None = None) -> Plan:
+               kept_for_good: Mapping[int, dict[int, dict[int, int]]] | None = None) -> Plan:
     """The plan.json model of ``rank_plans``; ``summary`` is the slowest rank's, with ``job``'s
     keys (``job_summary``) when given. ``first`` is iteration 0's plan, ``carried_into_next`` its
     map of the storages it hands on (NOTE [ The first iteration's plan ] in ``planner.plan``),
-    ``carried_into_first_kept`` the profile's (NOTE [ Kept for good ] in ``torch_patch.tracer``);
+    ``kept_for_good`` the profile's (NOTE [ Kept for good ] in ``torch_patch.tracer``);
     ``world_size`` and ``signatures`` (rank -> profile signature) say which job the plan is for
     (NOTE [ Plans of a job ])."""
     by_rank = {r: summarize(rp, hw) for r, rp in rank_plans.items()}
@@ -337,5 +337,5 @@ def build_plan(rank_plans: dict[int, RankPlan], hw: Hardware, signature: str,
         made_bytes={r: rp.problem.made_bytes.tolist() for r, rp in rank_plans.items()},
         summary_by_rank=by_rank, comparison=comparison or {}, first=first,
         carried_into_next=carried_into_next or {}, world_size=world_size,
-        signatures=dict(signatures or {}), carried_into_first_kept=dict(carried_into_first_kept or {}),
+        signatures=dict(signatures or {}), kept_for_good=dict(kept_for_good or {}),
     )

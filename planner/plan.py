@@ -1,4 +1,4 @@
-"""plan.json, format ``teraio-plan/5``: the one model of it, its writing and its reading.
+"""plan.json, format ``teraio-plan/6``: the one model of it, its writing and its reading.
 
 Every key, unit and meaning is written down in ``docs/formats.md``; the
 planner writes this model and the runtime reads it (``load_plan``).
@@ -71,10 +71,11 @@ iteration 1 to that storage's id in iteration 1 (keys and values decimal), so
 that the steady plan can move it at the boundary. Both keys are optional:
 a reader that does not know them reads the steady plan as before (DESIGN.md
 section 5 does not list them yet). Where the profile's first kept iteration is
-2 or later, the steady plan's ``carried_into_first_kept`` (new in version 5)
-maps, per rank, for that iteration, the long ids of the storages it carries in
-and keeps for good to their ids in it (NOTE [ Kept for good ] in
-``torch_patch.tracer``).
+2 or later, the steady plan's ``kept_for_good`` (new in version 6; version 5's
+``carried_into_first_kept`` mapped the first kept iteration alone) maps, per
+rank, for each iteration from 2 to that one, the long ids of the storages the
+iteration before made and kept for good to their ids in it (NOTE [ Kept for
+good ] in ``torch_patch.tracer``).
 
 NOTE [ Offloads without a prefetch ]: an offload with no prefetch of the same
 ``tensor_id`` and ``period_start_op`` moves a *trailing* period (NOTE [
@@ -104,10 +105,11 @@ from planner.errors import PlanFormatError
 
 __all__ = ["FORMAT", "Migration", "Plan", "check_rank", "load_plan", "save_plan", "signatures_of"]
 
-FORMAT = "teraio-plan/5"
-# 4: no carried_into_first_kept (its profile named such storages twice); 3: also no keep_copy and
+FORMAT = "teraio-plan/6"
+# 5: carried_into_first_kept, the first kept iteration's map alone (read as kept_for_good of that
+# iteration); 4: no map (its profile named such storages twice); 3: also no keep_copy and
 # reuse_copy, read as plans keeping none
-_READ_TOO = ("teraio-plan/4", "teraio-plan/3")
+_READ_TOO = ("teraio-plan/5", "teraio-plan/4", "teraio-plan/3")
 _OLDER = ("teraio-plan/1", "teraio-plan/2")
 _ACTIONS = {"offload": "target", "prefetch": "source"}
 _PLACES = ("ssd", "host")
@@ -195,8 +197,8 @@ class Plan:
     comparison: dict[str, Any] = field(default_factory=dict)
     first: Plan | None = None  # NOTE [ The first iteration's plan ]
     carried_into_next: dict[int, dict[int, int]] = field(default_factory=dict)  # in ``first`` only
-    # rank -> (its first kept iteration, {long id: id in it}), in the steady plan only
-    carried_into_first_kept: dict[int, tuple[int, dict[int, int]]] = field(default_factory=dict)
+    # rank -> {iteration: {long id: id in it}}, in the steady plan only (NOTE [ Kept for good ])
+    kept_for_good: dict[int, dict[int, dict[int, int]]] = field(default_factory=dict)
     world_size: int | None = None  # NOTE [ Plans of a job ]; None: the plan does not say
     signatures: dict[int, str] = field(default_factory=dict)  # rank -> its profile's signature
 
@@ -287,18 +289,17 @@ class Plan:
         if self.carried_into_next:
             doc["carried_into_next"] = {str(r): {str(k): v for k, v in m.items()}
                                         for r, m in self.carried_into_next.items()}
-        if self.carried_into_first_kept:
-            doc["carried_into_first_kept"] = {
-                str(r): {"iteration": it, "ids": {str(k): v for k, v in ids.items()}}
-                for r, (it, ids) in self.carried_into_first_kept.items()}
+        if self.kept_for_good:
+            doc["kept_for_good"] = {str(r): {str(i): {str(k): v for k, v in ids.items()} for i, ids in its.items()}
+                                    for r, its in self.kept_for_good.items()}
         if self.first is not None:
             doc["first_iteration"] = self.first.to_json()
         return doc
 
     @classmethod
     def from_json(cls, doc: Any, source: object = "plan") -> Plan:
-        """Validate and read a ``teraio-plan/5`` (or ``/4``, ``/3``) document; ``PlanFormatError`` on any problem
-        (an older plan is refused with what to do)."""
+        """Validate and read a ``teraio-plan/6`` (or ``/5``, ``/4``, ``/3``) document;
+        ``PlanFormatError`` on any problem (an older plan is refused with what to do)."""
         if not isinstance(doc, dict):
             raise PlanFormatError(source, "not a JSON object")
         if doc.get("format") in _OLDER:
@@ -331,14 +332,22 @@ class Plan:
                 first=None if first is None else cls.from_json(first, f"{source}, first_iteration"),
                 carried_into_next={int(r): {int(k): int(v) for k, v in m.items()}
                                    for r, m in doc.get("carried_into_next", {}).items()},
-                carried_into_first_kept={
-                    int(r): (int(k["iteration"]), {int(a): int(b) for a, b in k["ids"].items()})
-                    for r, k in doc.get("carried_into_first_kept", {}).items()},
+                kept_for_good=_kept_for_good(doc),
                 world_size=None if doc.get("world_size") is None else int(doc["world_size"]),
                 signatures={int(r): str(sig) for r, sig in doc.get("signatures", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanFormatError(source, f"malformed plan: {_why(exc)}") from None
+
+
+def _kept_for_good(doc: dict[str, Any]) -> dict[int, dict[int, dict[int, int]]]:
+    """A plan's ``kept_for_good``; a version 5 plan's ``carried_into_first_kept`` as the map of
+    its one iteration."""
+    kept = doc.get("kept_for_good", {})
+    if "carried_into_first_kept" in doc:
+        kept = {r: {k["iteration"]: k["ids"]} for r, k in doc["carried_into_first_kept"].items()}
+    return {int(r): {int(i): {int(a): int(b) for a, b in ids.items()} for i, ids in its.items()}
+            for r, its in kept.items()}
 
 
 def signatures_of(meta: dict[str, Any]) -> dict[int, str]:

@@ -62,15 +62,17 @@ class Profile:
     def signature(self) -> str:
         return str(self.meta["signature"])
 
-    def carried_into_first_kept(self, rank: int = 0) -> tuple[int, dict[int, int]] | None:
-        """(the first kept iteration, {steady id: the id its storage has in that iteration}) for
-        the storages ``rank``'s first kept iteration (iteration 2 or later) carries in and keeps
-        for good, named by their long ids in the tables (NOTE [ Kept for good ] in
-        ``torch_patch.tracer``); None where it has none."""
-        kept = (self.meta.get("carried_into_first_kept") or {}).get(str(rank))
-        if not kept:
-            return None
-        return int(kept["iteration"]), {int(k): int(v) for k, v in kept["ids"].items()}
+    def kept_for_good(self, rank: int = 0) -> dict[int, dict[int, int]]:
+        """{iteration i: {long id: the id its storage has in iteration i}}, for each iteration i
+        from 2 to ``rank``'s first kept one, of the storages iteration i - 1 made and kept for
+        good, named by their long ids in the tables (NOTE [ Kept for good ] in
+        ``torch_patch.tracer``); empty where there are none. A version 4 profile has the first
+        kept iteration's map alone (``carried_into_first_kept``)."""
+        kept = (self.meta.get("kept_for_good") or {}).get(str(rank))
+        if kept is None:
+            old = (self.meta.get("carried_into_first_kept") or {}).get(str(rank))
+            kept = {old["iteration"]: old["ids"]} if old else {}
+        return {int(i): {int(k): int(v) for k, v in ids.items()} for i, ids in kept.items()}
 
     @property
     def ranks(self) -> list[int]:
@@ -98,7 +100,7 @@ class Profile:
 def merge_ranks(parts: list[Profile]) -> Profile:
     """One profile of a job from its ranks' own profiles (each of one rank): the tables side
     by side (their ``rank`` column tells them apart), ``meta`` of the lowest rank with the
-    job's ``ranks``, per-rank ``signatures``, ``carried_into_next``, ``carried_into_first_kept``,
+    job's ``ranks``, per-rank ``signatures``, ``carried_into_next``, ``kept_for_good``,
     ``written_unseen`` and set-aside iterations.
     """
     parts = sorted(parts, key=lambda p: p.ranks[0])
@@ -115,7 +117,7 @@ def merge_ranks(parts: list[Profile]) -> Profile:
         "compiled": sorted({c for p in parts for c in p.meta.get("compiled", [])}),
         "written_unseen": meta("written_unseen"),
     }
-    for key in ("carried_into_next", "carried_into_first_kept"):
+    for key in ("carried_into_next", "kept_for_good"):
         if any(key in p.meta for p in parts):
             merged[key] = meta(key)
     firsts = [p.first for p in parts if p.first is not None]
@@ -218,9 +220,9 @@ def _check_values(path: Path, p: Profile) -> None:
         raise bad("kernels.parquet", "negative scratch_bytes")
     for rank in p.ranks:
         try:
-            p.carried_into_first_kept(rank)
+            p.kept_for_good(rank)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise bad(META_FILE, f"carried_into_first_kept of rank {rank} is malformed ({exc!r})") from None
+            raise bad(META_FILE, f"kept_for_good of rank {rank} is malformed ({exc!r})") from None
     known = set(zip(p.tensors["rank"], p.tensors["tensor_id"], strict=True))
     used = set(zip(p.accesses["rank"], p.accesses["tensor_id"], strict=True))
     if not used <= known:

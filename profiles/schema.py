@@ -1,9 +1,9 @@
-"""The profile format, version 4: one explicit pyarrow schema per table.
+"""The profile format, version 5: one explicit pyarrow schema per table.
 
 The whole format (every table, column, ``meta.json`` key, unit and meaning) is
 written down in ``docs/formats.md``; this module is its code. Times are
 microseconds and sizes bytes everywhere. The format string is stored in each
-schema's metadata and in ``meta.json``; readers refuse anything but version 4
+schema's metadata and in ``meta.json``; readers refuse anything but version 5
 and the older versions in ``OLDER_FORMATS``, which they upgrade: the columns a
 later version added are filled with the values in ``ADDED`` (``missing_columns``).
 """
@@ -27,10 +27,12 @@ __all__ = [
     "missing_columns",
 ]
 
-FORMAT = "teraio-profile/4"
-# 4 changed no table: its meta.json may add ``carried_into_first_kept`` (NOTE [ Kept for good ]
-# in torch_patch.tracer), where a version 3 profile had a second row of each such storage
-OLDER_FORMATS = ("teraio-profile/3", "teraio-profile/2", "teraio-profile/1")
+FORMAT = "teraio-profile/5"
+# 5 changed no table: its meta.json's ``kept_for_good`` maps each iteration from 2 to the first
+# kept one, where version 4's ``carried_into_first_kept`` mapped the first kept one alone (read as
+# such); 4 changed no table either: it added that key (NOTE [ Kept for good ] in
+# torch_patch.tracer), where a version 3 profile had a second row of each such storage
+OLDER_FORMATS = ("teraio-profile/4", "teraio-profile/3", "teraio-profile/2", "teraio-profile/1")
 _META = {b"format": FORMAT.encode()}
 
 PHASES = ("forward", "backward", "optimizer", "other")

@@ -35,11 +35,11 @@ id in ``plan_ids``, which maps it to the storage's id now:
   bank made before the loop; left unmapped, the bank the plan has out stayed in,
   and the iteration after an evaluation went 1.72x over its budget); its other
   transient ids mean nothing to the plan;
-- and before the profile's first kept iteration where it is 2 or later, whatever
+- and before each iteration from 2 to the profile's first kept one, whatever
   came before: the storages the iteration before made and kept for good (DDP's
   buckets, rebuilt in iteration 1), which have a flagged id in it and their long
-  one after, by the profile's map (``carried_into_first_kept``, NOTE [ Kept for
-  good ] in ``torch_patch.tracer``).
+  one after, by the profile's map of that iteration (``kept_for_good``, NOTE [
+  Kept for good ] in ``torch_patch.tracer``).
 
 A map's storage is taken only where it has the plan's size.
 """
@@ -108,8 +108,8 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
     are offloaded or on their way out; ``after_first``: the iteration that ended is 0;
     ``iteration``: the one that begins.
     """
-    kept = plan.carried_into_first_kept.get(rank)
-    kept_for_good = _of_its_size(plan, rank, kept[1], live_bytes) if kept and kept[0] == iteration else {}
+    kept = plan.kept_for_good.get(rank, {}).get(iteration) if iteration is not None else None
+    kept_for_good = _of_its_size(plan, rank, kept, live_bytes) if kept else {}
     if ending is Ending.STEADY:
         return Boundary({old: new for old, new in renamed.items() if old >= PRODUCED_BASE} | kept_for_good, (), ())
     plan_ids: dict[int, int] = dict(kept_for_good)

@@ -1429,8 +1429,9 @@ class PlanExecutor(OpStream):
             return True
         if self._in_work(storage):
             self._warn_once("work", f"{self._describe(tid)} is still used by a collective (one called with "
-                            "async_op=True, not done yet) when the plan moves it out, so it stays in memory "
-                            "until the collective is done; this iteration may go over its budget")
+                            "async_op=True, by the script or a library such as DDP, not waited for yet) when "
+                            "the plan moves it out, so it stays in memory until the collective is done; this "
+                            "iteration may go over its budget")
             return True
         return False
 

@@ -359,7 +359,7 @@ def plan(
 
     Prints peak memory before and after against the capacity, the predicted
     iteration time against the ideal (infinite memory) time, stalls, bytes
-    moved and bandwidth use, and writes the plan (format teraio-plan/5, docs/formats.md).
+    moved and bandwidth use, and writes the plan (format teraio-plan/6, docs/formats.md).
     Exit codes: 0 done, 2 bad input (options, profile, a capacity no plan can
     meet).
     """
@@ -423,7 +423,7 @@ def plan(
                      extra_parameters=made_for, first=first_plan, job=job,
                      world_size=int(prof.meta.get("world_size") or len(prof.ranks)),
                      signatures=signatures_of(prof.meta),
-                     carried_into_first_kept={r: k for r in rank_plans if (k := prof.carried_into_first_kept(r))})
+                     kept_for_good={r: k for r in rank_plans if (k := prof.kept_for_good(r))})
     s = doc.summary
     s.update(ssd_wear(s["bytes_to_ssd"], s["predicted_iteration_us"], ssd_endurance_pbw))
     if bw_needed:

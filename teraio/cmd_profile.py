@@ -235,6 +235,8 @@ def profile(
         fail("interrupted; no profile written", 130)
     if completed:
         _stop_children()
+    if not completed and tracer.settle():  # NOTE [ The larger shape ] in torch_patch.tracer
+        completed = True
     if not completed:
         seen = tracer.iteration
         irregular = tracer.irregular_message()

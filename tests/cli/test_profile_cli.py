@@ -244,4 +244,4 @@ def test_inspect_damaged_and_wrong_version(gpt_profile: Path, tmp_path: Path) ->
     (old / "meta.json").write_text(json.dumps({**meta, "format": "teraio-profile/0"}))
     r = run_teraio("inspect", old)
     assert r.returncode == 2
-    assert "expected 'teraio-profile/4'" in one_line_error(r.stderr)
+    assert "expected 'teraio-profile/5'" in one_line_error(r.stderr)

@@ -149,17 +149,28 @@ def test_tensors_made_before_the_loop_are_counted_once(tmp_path: Path) -> None:
     assert teraio.report is not None and teraio.report["iteration_followed"][1]
 
 
-def test_a_bank_made_at_the_second_step_is_counted_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("last_batch", [64, 22])
+def test_a_bank_made_at_the_second_step_is_counted_once(last_batch: int, tmp_path: Path) -> None:
     """Step 1 makes a 4 MiB bank and is set aside, so the profile keeps iterations 2 and 3, where
     the bank has a flagged id and then its long one (as DDP's buckets, rebuilt at step 1): one
     row, where there were two and the smallest plan was 9.1 MiB, not 5.1 (NOTE [ Kept for good ]
     in torch_patch.tracer). Iteration 2 finds it through the plan's map and follows the plan
-    within the budget, and so does every iteration after."""
-    plain, teraio = compare(SCRIPTS / "bank_from_step_1.py", [], tmp_path, share="min")
+    within the budget, and so does every iteration after.
+
+    With a smaller batch every third step (22 rows: an epoch's last batch, or a rank's under a
+    DistributedSampler), the step's tail (the bank's refresh after the optimizer's step) puts
+    the batch in the next iteration too, so three shapes recur. The profile keeps the larger
+    (NOTE [ The larger shape ] in torch_patch.tracer: it kept iterations 2 and 5, the small
+    batch's, and 3, 4 and 6 went 1.20x over), here 3 and 6, where the bank is long-lived
+    already; the run follows the plan in iteration 2 as well, and finds the bank there by the
+    profile's map of iteration 2 (it went 1.11x over with the first kept iteration's map alone;
+    1.20-1.29x in the DDP job this stands for)."""
+    plain, teraio = compare(SCRIPTS / "bank_from_step_1.py", ["--last-batch", str(last_batch)], tmp_path,
+                            share="min")
     assert_identical(plain, teraio)
     tensors = pq.read_table(tmp_path / "teraio" / "profile" / "tensors.parquet").to_pandas()
     assert len(tensors[tensors["size_bytes"] == 4096 * 256 * 4]) == 1, tensors.sort_values("size_bytes")[-4:]
-    assert teraio.plan is not None and teraio.plan["carried_into_first_kept"]["0"]["iteration"] == 2
+    assert teraio.plan is not None and list(teraio.plan["kept_for_good"]["0"]) == ["2"]
     assert teraio.report is not None and teraio.report["iteration_followed"][2:] == [True] * 5
     assert_within_budget(teraio)
 

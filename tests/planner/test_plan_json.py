@@ -32,7 +32,7 @@ def test_round_trip(tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
     back = load_plan(path)
     assert back == plan
     doc = json.loads(path.read_text())
-    assert doc["format"] == "teraio-plan/5"
+    assert doc["format"] == "teraio-plan/6"
     assert set(doc) >= {"signature", "parameters", "summary", "ranks", "op_names", "num_ops", "made_bytes"}
     assert set(doc["summary"]) >= {"peak_before_bytes", "peak_after_bytes", "predicted_iteration_us",
                                    "ideal_iteration_us", "stall_us", "bytes_to_ssd", "bytes_to_host"}
@@ -105,17 +105,24 @@ def test_made_bytes_are_what_each_op_allocates_in_the_profile(plan_doc: tuple[Pl
     assert sum(made) == int(t.loc[t["alloc_op"] >= 0, "size_bytes"].sum())
 
 
-def test_the_map_of_the_first_kept_iteration_round_trips_and_a_version_4_plan_has_none(
+def test_the_maps_of_storages_kept_for_good_round_trip_and_older_plans_have_what_they_had(
         tmp_path: Path, plan_doc: tuple[Plan, int]) -> None:
-    """``carried_into_first_kept`` (NOTE [ Kept for good ] in torch_patch.tracer), new in version
-    5; a version 4 plan is read as one without it (its profile named such storages twice)."""
+    """``kept_for_good`` (NOTE [ Kept for good ] in torch_patch.tracer), new in version 6: a map
+    per iteration from 2 to the first kept one; a version 5 plan had the first kept iteration's
+    alone (``carried_into_first_kept``), a version 4 plan none (its profile named such storages
+    twice)."""
     plan, _ = plan_doc
-    kept = dataclasses.replace(plan, carried_into_first_kept={0: (2, {3 << 40: (1 << 47) | 5})})
+    maps = {2: {3 << 40: (1 << 47) | 5}, 3: {(3 << 40) + 1: (1 << 47) | 7}}
+    kept = dataclasses.replace(plan, kept_for_good={0: maps})
     path = save_plan(kept, tmp_path / "plan.json")
     assert load_plan(path) == kept
     doc = json.loads(path.read_text())
-    assert doc["carried_into_first_kept"] == {"0": {"iteration": 2, "ids": {str(3 << 40): (1 << 47) | 5}}}
-    del doc["carried_into_first_kept"]
+    assert doc["kept_for_good"] == {"0": {"2": {str(3 << 40): (1 << 47) | 5}, "3": {str((3 << 40) + 1): (1 << 47) | 7}}}
+    del doc["kept_for_good"]
+    v5 = {**doc, "format": "teraio-plan/5",
+          "carried_into_first_kept": {"0": {"iteration": 3, "ids": {str((3 << 40) + 1): (1 << 47) | 7}}}}
+    path.write_text(json.dumps(v5))
+    assert load_plan(path) == dataclasses.replace(plan, kept_for_good={0: {3: maps[3]}})
     path.write_text(json.dumps({**doc, "format": "teraio-plan/4"}))
     assert load_plan(path) == plan
 

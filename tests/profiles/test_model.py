@@ -129,7 +129,8 @@ def test_damaged_and_foreign_files_are_named(tmp_path: Path) -> None:
 
 def as_version(out: Path, version: int) -> None:
     """Rewrite profile ``out`` as an older teraio wrote it: version 1 had no ``resizable`` or
-    ``peer``, version 2 no ``scratch_bytes``, version 3 no ``carried_into_first_kept``."""
+    ``peer``, version 2 no ``scratch_bytes``, version 3 no ``carried_into_first_kept``, version 4
+    that key where version 5 has ``kept_for_good``."""
     dropped = {"kernels": (["scratch_bytes"] if version <= 2 else []) + (["peer"] if version == 1 else []),
                "tensors": ["resizable"] if version == 1 else []}
     fmt = f"teraio-profile/{version}"
@@ -137,7 +138,12 @@ def as_version(out: Path, version: int) -> None:
         table = pq.read_table(out / f"{name}.parquet").drop(dropped.get(name, []))
         pq.write_table(table.replace_schema_metadata({b"format": fmt.encode()}), out / f"{name}.parquet")
     meta = json.loads((out / "meta.json").read_text())
-    meta.pop("carried_into_first_kept", None)
+    kept = meta.pop("kept_for_good", None)
+    if version == 4 and kept:  # the first kept iteration's map alone
+        meta["carried_into_first_kept"] = {r: {"iteration": int(max(its, key=int)), "ids": its[max(its, key=int)]}
+                                           for r, its in kept.items()}
+    if version < 4:
+        meta.pop("carried_into_first_kept", None)
     (out / "meta.json").write_text(json.dumps({**meta, "format": fmt}))
 
 
@@ -150,20 +156,24 @@ def test_a_version_2_profile_reads_with_no_scratch(tmp_path: Path) -> None:
     assert back.kernels["scratch_bytes"].tolist() == [0, 0, 0, 0]
     assert back.kernels["peer"].tolist() == [-1] * 4
     again = write_profile(back, tmp_path / "again")
-    assert json.loads((again / "meta.json").read_text())["format"] == FORMAT == "teraio-profile/4"
+    assert json.loads((again / "meta.json").read_text())["format"] == FORMAT == "teraio-profile/5"
 
 
-def test_a_version_3_profile_reads_with_no_map_of_the_first_kept_iteration(tmp_path: Path) -> None:
+def test_older_profiles_read_with_the_maps_they_have_of_storages_kept_for_good(tmp_path: Path) -> None:
+    """Version 5 maps each iteration from 2 to the first kept one, version 4 the first kept one
+    alone, version 3 none (NOTE [ Kept for good ] in torch_patch.tracer)."""
     p = tiny_profile()
-    kept = {"0": {"iteration": 2, "ids": {str(3 << 40): (1 << 47) | 5}}}
-    out = write_profile(Profile(meta={**p.meta, "carried_into_first_kept": kept}, kernels=p.kernels,
+    kept = {"0": {"2": {str(3 << 40): (1 << 47) | 5}, "3": {str((3 << 40) + 1): (1 << 47) | 7}}}
+    out = write_profile(Profile(meta={**p.meta, "kept_for_good": kept}, kernels=p.kernels,
                                 tensors=p.tensors, accesses=p.accesses), tmp_path / "p")
-    assert read_profile(out).carried_into_first_kept(0) == (2, {3 << 40: (1 << 47) | 5})
+    assert read_profile(out).kept_for_good(0) == {2: {3 << 40: (1 << 47) | 5}, 3: {(3 << 40) + 1: (1 << 47) | 7}}
+    as_version(out, 4)
+    assert read_profile(out).kept_for_good(0) == {3: {(3 << 40) + 1: (1 << 47) | 7}}
     as_version(out, 3)
-    assert read_profile(out).carried_into_first_kept(0) is None
+    assert read_profile(out).kept_for_good(0) == {}
     meta = json.loads((out / "meta.json").read_text())
     (out / "meta.json").write_text(json.dumps({**meta, "carried_into_first_kept": {"0": {"ids": {}}}}))
-    with pytest.raises(ProfileFormatError, match="carried_into_first_kept of rank 0 is malformed"):
+    with pytest.raises(ProfileFormatError, match="kept_for_good of rank 0 is malformed"):
         read_profile(out)
 
 
@@ -187,10 +197,10 @@ def test_a_version_1_profile_reads_as_the_current_version_with_every_storage_res
     assert list(back.kernels.columns) == KERNELS_SCHEMA.names and (back.kernels["peer"] == -1).all()
     assert (back.kernels["scratch_bytes"] == 0).all()
     again = write_profile(back, tmp_path / "again")  # written back as the current version
-    assert json.loads((again / "meta.json").read_text())["format"] == FORMAT == "teraio-profile/4"
+    assert json.loads((again / "meta.json").read_text())["format"] == FORMAT == "teraio-profile/5"
     pq.write_table(pq.read_table(out / "kernels.parquet").replace_schema_metadata({b"format": FORMAT.encode()}),
                    out / "kernels.parquet")
-    with pytest.raises(ProfileFormatError, match="format 'teraio-profile/4', expected 'teraio-profile/1' as in meta"):
+    with pytest.raises(ProfileFormatError, match="format 'teraio-profile/5', expected 'teraio-profile/1' as in meta"):
         read_profile(out)
 
 

@@ -131,14 +131,15 @@ def test_after_iteration_0_on_demand_a_storage_kept_for_good_is_found_by_its_siz
 
 @pytest.mark.parametrize("ending", list(Ending))
 def test_before_the_first_kept_iteration_a_storage_the_one_before_kept_for_good_is_found(ending: Ending) -> None:
-    """DDP's buckets, rebuilt in iteration 1, have a flagged id in iteration 2 (the profile's
-    first kept one) and their long id from 3 on (NOTE [ Kept for good ] in torch_patch.tracer):
-    the plan's map finds them before iteration 2 whatever came before, where the storage has
-    the plan's size, and before no other iteration."""
+    """DDP's buckets, rebuilt in iteration 1, have a flagged id in iteration 2 and their long id
+    from 3 on (NOTE [ Kept for good ] in torch_patch.tracer): the plan's map of iteration 2 finds
+    them before iteration 2 whatever came before, where the storage has the plan's size, and
+    before no other iteration (a cache made in iteration 2 is found by the map of 3 alone)."""
     bucket, flagged = long_id(1), produced_id(5, 1) | CARRIED_FLAG
+    cache, cache_flagged = long_id(2), produced_id(6, 0) | CARRIED_FLAG
     base = plan()
     p = Plan(signature="s", parameters=base.parameters, summary={}, op_names=base.op_names,
-             made_bytes=base.made_bytes, carried_into_first_kept={0: (2, {bucket: flagged})},
+             made_bytes=base.made_bytes, kept_for_good={0: {2: {bucket: flagged}, 3: {cache: cache_flagged}}},
              migrations={0: [migration(bucket, "offload", 9, size=64), migration(bucket, "prefetch", 2, size=64)]})
     b = at_boundary(p, 0, ending, renamed={}, names={}, live_bytes=sizes({flagged: 64}), out=set(), iteration=2)
     assert b.plan_ids == {bucket: flagged}
@@ -151,6 +152,11 @@ def test_before_the_first_kept_iteration_a_storage_the_one_before_kept_for_good_
     for live, iteration in (({flagged: 65}, 2), ({flagged: 64}, 3), ({flagged: 64}, None)):
         b = at_boundary(p, 0, ending, renamed={}, names={}, live_bytes=sizes(live), out=set(), iteration=iteration)
         assert bucket not in b.plan_ids and b.send_out == ()
+    p = dataclasses.replace(p, migrations={0: [migration(cache, "offload", 9, size=64)]})
+    b = at_boundary(p, 0, ending, renamed={}, names={}, live_bytes=sizes({cache_flagged: 64}), out=set(), iteration=3)
+    assert b.plan_ids == {cache: cache_flagged}
+    b = at_boundary(p, 0, ending, renamed={}, names={}, live_bytes=sizes({cache_flagged: 64}), out=set(), iteration=2)
+    assert cache not in b.plan_ids
 
 
 def test_a_schedule_starts_offloads_before_prefetches_at_one_op() -> None:

@@ -442,7 +442,7 @@ def test_a_tensor_made_in_the_step_before_the_first_kept_one_is_one_storage() ->
     is set aside, unlike the rest, so the profile keeps iterations 2 and 3; the cache has a
     flagged id in 2 and its long id from 3 on. One row of it, under the long id, as in every
     iteration from 3 on, and the profile maps that id to the flagged one for iteration 2
-    (``carried_into_first_kept``; before, two rows, the peak holding it twice)."""
+    (``kept_for_good``; before, two rows, the peak holding it twice)."""
     from profiles import memory_curve
     from profiles.ids import LONG_BASE
 
@@ -471,9 +471,9 @@ def test_a_tensor_made_in_the_step_before_the_first_kept_one_is_one_storage() ->
     assert len(big) == 1, big
     steady = int(big["tensor_id"].iloc[0])
     assert LONG_BASE <= steady < CARRIED_FLAG
-    kept = prof.meta["carried_into_first_kept"]["0"]
-    assert prof.first is not None and "carried_into_first_kept" not in prof.first.meta  # iteration 2's
-    assert kept["iteration"] == 2 and kept["ids"][str(steady)] & CARRIED_FLAG
+    kept = prof.meta["kept_for_good"]["0"]
+    assert prof.first is not None and "kept_for_good" not in prof.first.meta  # iteration 2's
+    assert list(kept) == ["2"] and kept["2"][str(steady)] & CARRIED_FLAG
     assert memory_curve(prof, 0, 2).max() < 2 * nbytes
 
 
