@@ -320,6 +320,7 @@ class PlanExecutor(OpStream):
         self._used_at: dict[int, int] = {}
         self._left_over: dict[int, int] = {}  # NOTE [ Left over ]: made on demand, unused since
         self._let_go: set[int] = set()  # named at the boundary before, no longer (NOTE [ Left over ])
+        self._out_for_good: set[int] = set()  # sent out as left over or let go, and out since (the same)
         self._clock = 0
         self._busy: set[int] = set()  # used by a collective in this iteration
         self._busy_before: set[int] = set()  # and in the one before (renamed at the boundary)
@@ -1513,6 +1514,7 @@ class PlanExecutor(OpStream):
         self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
         self.copies = {new_ids.get(t, t): e for t, e in self.copies.items()}
         self._left_over = {new_ids.get(t, t): n for t, n in self._left_over.items()}
+        self._out_for_good = {new_ids.get(t, t) for t in self._out_for_good}
         self._let_go = {new for old, new in new_ids.items()  # a name let go (NOTE [ Left over ])
                         if old < PRODUCED_BASE and LONG_BASE <= new < CARRIED_FLAG}
         self._in_collective = {new_ids.get(t, t) for t in self._in_collective}
@@ -1604,13 +1606,14 @@ class PlanExecutor(OpStream):
                 self._offload(tid, storage, m.place, urgent=True, name=m.name)
         let_go, self._let_go = self._let_go, set()
         left_over = self._send_left_over(boundary.plan_ids.values(), let_go)
+        self._out_for_good = {t for t in self._out_for_good | let_go | set(left_over) if t in self.moved}
         for tid in [t for t, _ in boundary.send_out] + left_over:
             entry = self.moved.get(tid)
             if entry is not None and entry.state is Residency.OFFLOADING:
                 self._wait(entry, "boundary")
         for tid in boundary.bring_back:
             entry = self.moved.get(tid)
-            if entry is None or tid in let_go:  # not the plan's: it stays out
+            if entry is None or tid in self._out_for_good:  # not the plan's: it stays out
                 continue
             if entry.state is Residency.OFFLOADING:
                 self._needed_again(entry)
@@ -1629,7 +1632,10 @@ class PlanExecutor(OpStream):
     # name was let go at the boundary (NOTE [ Names let go ] in torch_patch.opstream), whatever
     # the iteration before did: a first model's weights kept as a state dict while a second model
     # trains went on in memory beside the second's, whose iterations followed the plan at 1.36x its
-    # budget; one already out stays out (it was brought back as a storage the plan has in).
+    # budget; one already out stays out (it was brought back as a storage the plan has in). Either
+    # stays out at every boundary after, until an op reads it: the boundary after an evaluation run
+    # on demand brought back all the plan has in, such copies too, which then stayed in (a deep
+    # copy of the model's and the optimizer's state, kept: every iteration after at 2.06x).
     def _send_left_over(self, known: Iterable[int], let_go: Collection[int] = ()) -> list[int]:
         """Send out what the iteration before left over, and the storages ``let_go`` (NOTE [ Left
         over ]); their ids."""

@@ -117,9 +117,11 @@ def profile(
     size and accesses.
 
     An iteration ends when every optimizer has stepped (or at
-    `teraio.mark_iteration()`). After WARMUP + ITERS iterations the script is
-    stopped and the profile (kernels, tensors, accesses as Parquet, plus
-    meta.json) is written.
+    `teraio.mark_iteration()`). Once ITERS iterations after WARMUP are alike
+    the script is stopped and the profile (kernels, tensors, accesses as
+    Parquet, plus meta.json) is written. An iteration that differs (an
+    evaluation, a smaller last batch) is set aside; of iterations that differ
+    in their sizes alone, those of the most bytes are kept.
 
     With --fake nothing is computed: ops run on fake tensors and take the time
     the roofline model of --gpu gives. A script then must build its model and

@@ -175,6 +175,17 @@ def test_a_bank_made_at_the_second_step_is_counted_once(last_batch: int, tmp_pat
     assert_within_budget(teraio)
 
 
+def test_a_snapshot_kept_and_sent_out_stays_out_after_an_evaluation(tmp_path: Path) -> None:
+    """A deep copy of the model's and the optimizer's state, made at step 3 and kept, goes out at
+    the boundary after (NOTE [ Left over ] in runtime.executor); the evaluation at step 5 runs on
+    demand, and the boundary after it brought the copy back with all the plan has in, where it
+    stayed: every later iteration followed the plan at 2.06x its budget."""
+    plain, teraio = compare(SCRIPTS / "snapshot_then_eval.py", [], tmp_path)
+    assert_identical(plain, teraio)
+    assert teraio.report is not None and teraio.report["iteration_followed"][7:] == [True] * 3
+    assert_within_budget(teraio)
+
+
 def test_after_an_evaluation_a_bank_made_before_the_loop_goes_out_again(tmp_path: Path) -> None:
     """The iteration with the evaluation runs on demand; at the boundary after it, the bank the
     plan has out is found by its long id and sent out (NOTE [ Boundaries ] in runtime.boundary),
