@@ -719,6 +719,28 @@ class OpStream(TorchDispatchMode):
 
         return scaler_step
 
+    # NOTE [ Traced code ]: ``torch.jit.trace`` under any dispatch mode (teraio's, or a five-line
+    # one of the script's own) records a Python number in the traced code (``x * 0.5``) as a
+    # value the trace then cannot run ("Unable to cast 0.5 to Tensor"). Traced with the modes
+    # off, the module's tensors may be out (freed in place), and a function's closure holds
+    # tensors teraio cannot find to bring back; so teraio does not trace for the script, and
+    # says so where the trace fails. ``torch.jit.script`` runs under teraio.
+    def _tracing(self, trace: Any) -> Any:
+        @functools.wraps(trace)
+        def tracing(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return trace(*args, **kwargs)
+            except RuntimeError as exc:
+                if "Unable to cast" not in str(exc):
+                    raise
+                raise RuntimeError(
+                    "teraio: torch.jit.trace cannot trace code that uses Python numbers under teraio (its "
+                    "dispatch mode makes the trace record them as values the traced code cannot run; "
+                    "so does any dispatch mode): use torch.jit.script, or the module untraced "
+                    "(NOTE [ Traced code ] in torch_patch/opstream.py)") from exc
+
+        return tracing
+
     # ---- module paths ---------------------------------------------------------
     def _module_name(self, module: torch.nn.Module) -> str:
         name = self._module_names.get(id(module))
@@ -847,6 +869,8 @@ class OpStream(TorchDispatchMode):
             self._patch(torch._C.Future, "then", self._calling_back)
             self._patch(torch._C.Future, "add_done_callback", self._calling_back)
             self._patch(torch.amp.GradScaler, "step", self._scaling)  # NOTE [ Skipped steps ]
+            for name in ("trace", "trace_module"):  # NOTE [ Traced code ]
+                self._patch(torch.jit, name, self._tracing)
             if _FSDP_PARAM in sys.modules:  # else at the first forward, once imported (0.8 s here)
                 self._patch_fsdp()
             if self.guards_threads:  # NOTE [ Ops on other threads ]

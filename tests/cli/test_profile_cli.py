@@ -245,3 +245,23 @@ def test_inspect_damaged_and_wrong_version(gpt_profile: Path, tmp_path: Path) ->
     r = run_teraio("inspect", old)
     assert r.returncode == 2
     assert "expected 'teraio-profile/5'" in one_line_error(r.stderr)
+
+
+def test_a_trace_of_code_with_python_numbers_is_refused_saying_why(tmp_path: Path) -> None:
+    """``torch.jit.trace`` under a dispatch mode records ``x * 0.5`` as a value its trace cannot
+    run ("Unable to cast 0.5 to Tensor"); teraio says so, and what to use instead (NOTE [ Traced
+    code ] in torch_patch/opstream.py)."""
+    script = tmp_path / "traced.py"
+    script.write_text(
+        "import torch\n"
+        "class Half(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        "        return super().forward(x) * 0.5\n"
+        "block = torch.jit.trace(Half(8, 8), torch.randn(2, 8))\n"
+        "opt = torch.optim.SGD(block.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n"
+        "    block(torch.randn(2, 8)).sum().backward(); opt.step(); opt.zero_grad()\n")
+    r = run_teraio("profile", script, "--out", tmp_path / "p")
+    assert r.returncode == 1
+    assert "torch.jit.trace cannot trace code that uses Python numbers under teraio" in r.stderr
+    assert "use torch.jit.script" in r.stderr
