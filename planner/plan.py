@@ -344,7 +344,7 @@ def _kept_for_good(doc: dict[str, Any]) -> dict[int, dict[int, dict[int, int]]]:
     """A plan's ``kept_for_good``; a version 5 plan's ``carried_into_first_kept`` as the map of
     its one iteration."""
     kept = doc.get("kept_for_good", {})
-    if "carried_into_first_kept" in doc:
+    if "carried_into_first_kept" in doc and "kept_for_good" not in doc:
         kept = {r: {k["iteration"]: k["ids"]} for r, k in doc["carried_into_first_kept"].items()}
     return {int(r): {int(i): {int(a): int(b) for a, b in ids.items()} for i, ids in its.items()}
             for r, its in kept.items()}

@@ -500,6 +500,7 @@ class PlanExecutor(OpStream):
             self._drop_copy(tensor_id)
         self._again.pop(tensor_id, None)
         self._held_back.pop(tensor_id, None)
+        self._out_for_good.discard(tensor_id)
         self._used_at.pop(tensor_id, None)
         self._left_over.pop(tensor_id, None)
         entry = self.moved.pop(tensor_id, None)

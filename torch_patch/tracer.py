@@ -127,9 +127,10 @@ def _accessed_sizes(tables: Tables) -> np.ndarray:
 # the small head's, and a plan made for it ran the full batches' iterations as its own, their
 # larger activations left in: iterations 3, 4 and 6 of such a script at 1.20x the budget. So a
 # complete shape is kept only once no shape of the same ops with more bytes waits for its
-# ``iters`` (or, failing that, once ``max_skipped`` are set aside), and of complete shapes the
-# largest. A plan for the larger shape runs a smaller one with its offloads of other sizes left
-# alone (NOTE [ Other sizes ] in runtime.executor), which the same script held within 0.95x.
+# ``iters``, for at most ``max_skipped`` recorded iterations beyond the ``iters`` kept (a larger
+# first batch that never comes again), and of complete shapes the largest. A plan for the
+# larger shape runs a smaller one with its offloads of other sizes left alone (NOTE [ Other
+# sizes ] in runtime.executor), which the same script held within 0.95x.
 def _bytes(tables: Tables) -> int:
     return int(tables[1]["size_bytes"].sum())
 
@@ -662,7 +663,9 @@ class Tracer(OpStream):
         kept = self._complete_shape()
         if kept is None:
             return "irregular" if too_many else "more"
-        if not too_many and any(len(g) < self.iters and _larger(g[0][1], kept[0][1]) for g in self.groups.values()):
+        waited = sum(len(g) for g in self.groups.values()) - self.iters  # recorded, not to be kept
+        if waited <= self.max_skipped and any(len(g) < self.iters and _larger(g[0][1], kept[0][1])
+                                              for g in self.groups.values()):
             return "more"  # NOTE [ The larger shape ]
         self._keep_shape(kept)
         return "done"
@@ -675,9 +678,8 @@ class Tracer(OpStream):
 
     def _keep_shape(self, group: list[tuple[int, Tables]]) -> None:
         self.done = group[:self.iters]
-        numbers = {it for it, _ in self.done}
         self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only}
-                        for g in self.groups.values() for it, t in g if it not in numbers
+                        for g in self.groups.values() if g is not group for it, t in g
                         for why, sizes_only, _ in [_difference(self.done[0][1], t)]]
 
     def settle(self) -> bool:
