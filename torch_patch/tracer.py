@@ -128,7 +128,9 @@ def _accessed_sizes(tables: Tables) -> np.ndarray:
 # larger activations left in: iterations 3, 4 and 6 of such a script at 1.20x the budget. So a
 # complete shape is kept only once no shape of the same ops with more bytes waits for its
 # ``iters``, for at most ``max_skipped`` recorded iterations beyond the ``iters`` kept (a larger
-# first batch that never comes again), and of complete shapes the largest. A plan for the
+# first batch that never comes again), and of complete shapes of the first one's ops the largest
+# (a shape of other ops, an evaluation's, is never preferred for its bytes: a review found an
+# averaged model's evaluations kept over its training steps). A plan for the
 # larger shape runs a smaller one with its offloads of other sizes left alone (NOTE [ Other
 # sizes ] in runtime.executor), which the same script held within 0.95x.
 def _bytes(tables: Tables) -> int:
@@ -671,10 +673,13 @@ class Tracer(OpStream):
         return "done"
 
     def _complete_shape(self) -> list[tuple[int, Tables]] | None:
-        """Of the shapes with ``iters`` iterations, the one of the most bytes (NOTE [ The larger
-        shape ]); None while there is none."""
+        """The first shape to have ``iters`` iterations, or one of the same ops and more bytes
+        that has them too (NOTE [ The larger shape ]); None while there is none."""
         complete = [g for g in self.groups.values() if len(g) >= self.iters]
-        return max(complete, key=lambda g: _bytes(g[0][1])) if complete else None
+        if not complete:
+            return None
+        first = min(complete, key=lambda g: g[self.iters - 1][0])
+        return max((g for g in complete if g is first or _larger(g[0][1], first[0][1])), key=lambda g: _bytes(g[0][1]))
 
     def _keep_shape(self, group: list[tuple[int, Tables]]) -> None:
         self.done = group[:self.iters]
