@@ -877,7 +877,9 @@ class OpStream(TorchDispatchMode):
                 self._patch(threading.Thread, "_bootstrap_inner", self._guarding)
             safetensors_torch = _optional("safetensors.torch")  # NOTE [ Pointer checks ]
             for name in ("save_file", "save") if safetensors_torch is not None else ():
+                original = getattr(safetensors_torch, name)
                 self._patch(safetensors_torch, name, self._pointing)
+                self._rebind(original, getattr(safetensors_torch, name))
             # torch warns at every call of a compiled module that global module hooks (ours) fire
             # twice for it; teraio's own warning says what happens to compiled code instead.
             self._warning_filters = warnings.catch_warnings()
@@ -895,6 +897,17 @@ class OpStream(TorchDispatchMode):
         original = getattr(owner, name)
         self._patches.append((owner, name, original))
         setattr(owner, name, wrap(original))
+
+    def _rebind(self, original: Any, wrapped: Any) -> None:
+        """``wrapped`` also where a module imported before teraio bound ``original`` by a name of
+        its own (peft's and transformers' ``from safetensors.torch import save_file as
+        safe_save_file``: NOTE [ Pointer checks ]); restored with the other patches."""
+        for module in list(sys.modules.values()):
+            names = getattr(module, "__dict__", None)
+            for attr, value in list(names.items()) if isinstance(names, dict) else ():
+                if value is original:
+                    self._patches.append((module, attr, original))
+                    setattr(module, attr, wrapped)
 
     def _uncounted(self, method: Any) -> Any:
         """``method`` with its ops uncounted on the training thread (NOTE [ Data loading is not
@@ -1113,8 +1126,11 @@ class OpStream(TorchDispatchMode):
     # ``save`` hand their writer a pointer to every CPU tensor at once (on a GPU they copy each to
     # the CPU first, an op): where the plan had one out the save failed ("invalid shape, data
     # type, or offset"); those are brought back and held in memory for the call, all together as
-    # the writer needs them, which may take that iteration over its budget. Other pointer reads
-    # are not caught (NOTE [ DLPack exports ]).
+    # the writer needs them, which may take that iteration over its budget. A module imported
+    # before teraio started that bound those by a name of its own (peft, transformers) gets the
+    # wrapper too (``_rebind``): `teraio.offload()` entered after importing peft failed a LoRA
+    # adapter's ``save_pretrained`` so. Other pointer reads are not caught (NOTE [ DLPack
+    # exports ]).
     def _pointing(self, save: Any) -> Any:
         """safetensors' ``save_file`` and ``save``, which hand their writer a pointer to every
         CPU tensor at once: those are held in memory for the call (NOTE [ Pointer checks ])."""

@@ -1311,18 +1311,32 @@ def test_what_the_plan_sends_out_while_another_thread_reads_it_goes_out_after(pl
         assert storage.nbytes() == 0
 
 
-def test_safetensors_save_of_a_tensor_out_writes_its_bytes(plan: Plan, tmp_path: Path) -> None:
+@pytest.mark.parametrize("bound", [False, True])
+def test_safetensors_save_of_a_tensor_out_writes_its_bytes(plan: Plan, tmp_path: Path, bound: bool) -> None:
     """NOTE [ Pointer checks ] in torch_patch.opstream: safetensors hands its writer a pointer to
     every CPU tensor at once; one the plan has out is back and held for the call, and the file
-    is the plain one (the save failed: "invalid shape, data type, or offset")."""
+    is the plain one (the save failed: "invalid shape, data type, or offset"). Also through a
+    name a module bound before teraio started, as peft's and transformers' ``from
+    safetensors.torch import save_file as safe_save_file`` (``teraio.offload()`` entered after
+    importing them failed a LoRA adapter's ``save_pretrained`` so); restored after."""
+    import types
+
     import safetensors.torch
 
-    model = torch.nn.Linear(256, 1024)
-    expected = safetensors.torch.save(dict(model.named_parameters()))
-    with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
-        model(torch.randn(2, 256))
-        sent_out(ex, model.weight)  # (state_dict()'s detach would bring it back: passed as it is)
-        assert safetensors.torch.save(dict(model.named_parameters())) == expected
+    module = types.ModuleType("bound_before_teraio")
+    module.safe_save = safetensors.torch.save  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    save = (lambda t: module.safe_save(t)) if bound else (lambda t: safetensors.torch.save(t))
+    try:
+        model = torch.nn.Linear(256, 1024)
+        expected = safetensors.torch.save(dict(model.named_parameters()))
+        with offload(plan_of([], plan.op_names[0]), swap_dir=tmp_path, backend="posix") as ex:
+            model(torch.randn(2, 256))
+            sent_out(ex, model.weight)  # (state_dict()'s detach would bring it back: passed as it is)
+            assert save(dict(model.named_parameters())) == expected
+        assert module.safe_save is safetensors.torch.save  # type: ignore[attr-defined]
+    finally:
+        del sys.modules[module.__name__]
 
 
 def test_a_read_on_its_way_back_at_the_boundary_goes_out_again(profiled: Profile, tmp_path: Path) -> None:
