@@ -279,11 +279,13 @@ def profile(
             meta["builtin_model"]["num_micro_batches"] = job.micro_batches_per_rank(train_cfg)
     prof = tracer.profile(meta)
     for skipped in prof.meta["skipped_iterations"]:
-        why = ("its tensor sizes differ (a smaller last batch, or dynamic padding? pad to one "
-               "shape for every step to be planned)" if skipped["sizes_only"] else
-               "an evaluation or checkpoint between steps?")
-        info(f"iteration {skipped['iteration']} is not in the profile: {skipped['reason']} ({why}); "
-             "`teraio run` runs iterations like it on demand")
+        if skipped["sizes_only"]:  # NOTE [ Other sizes ] in runtime/executor.py
+            why = ("its tensor sizes differ: a smaller last batch, or dynamic padding? pad to one shape for every "
+                   "step to be planned", "`teraio run` follows the plan in iterations like it, leaving tensors of "
+                   "other sizes where they are")
+        else:
+            why = "an evaluation or checkpoint between steps?", "`teraio run` runs iterations like it on demand"
+        info(f"iteration {skipped['iteration']} is not in the profile: {skipped['reason']} ({why[0]}); {why[1]}")
     not_resizable = int((~prof.tensors["resizable"]).sum())
     if not_resizable:
         info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory, DLPack or "
