@@ -282,7 +282,8 @@ def profile(
         if skipped["sizes_only"]:  # NOTE [ Other sizes ] in runtime/executor.py
             why = ("its tensor sizes differ: a smaller last batch, or dynamic padding? pad to one shape for every "
                    "step to be planned", "`teraio run` follows the plan in iterations like it, leaving tensors of "
-                   "other sizes where they are")
+                   "other sizes in memory, or runs them on demand where most of the plan's moves find "
+                   "other sizes")
         else:
             why = "an evaluation or checkpoint between steps?", "`teraio run` runs iterations like it on demand"
         info(f"iteration {skipped['iteration']} is not in the profile: {skipped['reason']} ({why[0]}); {why[1]}")

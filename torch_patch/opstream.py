@@ -903,11 +903,19 @@ class OpStream(TorchDispatchMode):
         its own (peft's and transformers' ``from safetensors.torch import save_file as
         safe_save_file``: NOTE [ Pointer checks ]); restored with the other patches."""
         for module in list(sys.modules.values()):
-            names = getattr(module, "__dict__", None)
+            if not isinstance(module, types.ModuleType):
+                continue
+            try:  # not through the module's own getattr: a lazy module would load (and may raise)
+                names = object.__getattribute__(module, "__dict__")
+            except AttributeError:
+                continue
             for attr, value in list(names.items()) if isinstance(names, dict) else ():
                 if value is original:
+                    try:
+                        setattr(module, attr, wrapped)
+                    except Exception:  # noqa: BLE001 - a module that refuses: it keeps its own
+                        continue
                     self._patches.append((module, attr, original))
-                    setattr(module, attr, wrapped)
 
     def _uncounted(self, method: Any) -> Any:
         """``method`` with its ops uncounted on the training thread (NOTE [ Data loading is not
