@@ -129,10 +129,10 @@ def _accessed_sizes(tables: Tables) -> np.ndarray:
 # complete shape is kept only once no shape of the same ops with more bytes waits for its
 # ``iters``, for at most ``max_skipped`` recorded iterations beyond the ``iters`` kept (a larger
 # first batch that never comes again), and of complete shapes of the first one's ops the largest
-# (a shape of other ops, an evaluation's, is never preferred for its bytes: a review found an
-# averaged model's evaluations kept over its training steps). A plan for the
-# larger shape runs a smaller one with its offloads of other sizes left alone (NOTE [ Other
-# sizes ] in runtime.executor), which the same script held within 0.95x.
+# (a shape of other ops, an evaluation's, is never preferred for its bytes: the test suite found
+# an averaged model's evaluations kept over its training steps). A plan for the larger shape
+# runs a smaller one with its offloads of other sizes left alone (NOTE [ Other sizes ] in
+# runtime.executor), which the same script held within 0.95x.
 def _bytes(tables: Tables) -> int:
     return int(tables[1]["size_bytes"].sum())
 
