@@ -792,13 +792,16 @@ class OpStream(TorchDispatchMode):
     # A root with no parameter (a loss module called as one, a weighted one's weights a buffer)
     # counts for neither, and takes no number in the names (``persistent_names``): with k-fold
     # training's loss module alive, each new fold's model was late, and every iteration after
-    # the first fold ran on demand at 1.65x the budget. Not handled: another root with
-    # parameters that lives on (the old model kept for an ensemble: the plan's names bind to its
-    # idle weights); and the iteration in which a model built before it and idle until then is
-    # first called, where that iteration runs the plan's own ops (a second model built up front
-    # and trained with plain SGD after the first: 1.63x; leaving the plan at such a model's first
-    # call refused linear probing through a new slice of a frozen model each step). Profile past
-    # the change there (``teraio profile --warmup``).
+    # the first fold ran on demand at 1.65x the budget. Where the old model lives on (kept for
+    # an ensemble), the late ones take the names once an optimizer holds their parameters and
+    # none of the named ones' (``_trained_instead``), and the old one's names are let go (NOTE
+    # [ Left over ] in runtime.executor): bound to its idle weights, the plan's names had left
+    # the second model's iterations at 1.65-1.95x the budget. Not handled: the iteration in
+    # which a model built before it and idle until then is first called, where that iteration
+    # runs the plan's own ops (a second model built up front and trained with plain SGD after
+    # the first: 1.63x; leaving the plan at such a model's first call refused linear probing
+    # through a new slice of a frozen model each step). Profile past the change there
+    # (``teraio profile --warmup``).
     def named_roots(self) -> list[torch.nn.Module]:
         """The live roots whose storages get persistent names (NOTE [ Late roots ])."""
         roots = self.roots()
@@ -807,7 +810,20 @@ class OpStream(TorchDispatchMode):
             # the late ones take their place
             self._late_roots = weakref.WeakSet()
             return roots
+        if self._late_roots and self._trained_instead(named):  # kept idle: the trained ones take their place
+            self._late_roots = weakref.WeakSet(named)
+            return [m for m in roots if m not in self._late_roots]
         return named
+
+    def _trained_instead(self, named: list[torch.nn.Module]) -> bool:
+        """Whether an optimizer holds a late root's parameters and no named root's: the model
+        before kept (an ensemble's) while the next one trains (NOTE [ Late roots ])."""
+        held = {id(p) for o in self.optimizers() for g in o.param_groups for p in g["params"]}
+
+        def trained(m: torch.nn.Module) -> bool:
+            return any(id(p) in held for p in m.parameters())
+
+        return not any(trained(m) for m in named) and any(trained(m) for m in self._late_roots)
 
     def _fwd_pre(self, module: torch.nn.Module, _args: Any) -> None:
         if not self._fsdp_patched and _FSDP_PARAM in sys.modules:  # before FSDP2's own pre-hooks

@@ -2,7 +2,8 @@
 of its weights; with --keep-optimizer its optimizer's too, the Adam moments) and the model and its
 optimizer dropped before the second model trains. With --up-front both models are built before
 the first training and trained with plain SGD (no optimizer state), and the first is kept as the
-list of its parameters: no iteration differs from the others."""
+list of its parameters: no iteration differs from the others. With --keep-model the first model
+itself is kept (an ensemble's), bound to a name while the second trains."""
 
 import argparse
 
@@ -13,6 +14,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=5, help="steps per training")
 p.add_argument("--keep-optimizer", action="store_true")
 p.add_argument("--up-front", action="store_true")
+p.add_argument("--keep-model", action="store_true")
 p.add_argument("--save")
 args = p.parse_args()
 
@@ -36,6 +38,8 @@ def train(run: int, model: nn.Module | None = None) -> dict[str, object]:
         print(f"step {run * args.steps + step} loss {loss.item()!r}", flush=True)
     if args.up_front:  # no op between the trainings
         return {"model": list(model.parameters())}
+    if args.keep_model:
+        return {"model": model}
     return {"model": model.state_dict(), "opt": opt.state_dict() if args.keep_optimizer else None}
 
 
@@ -43,4 +47,6 @@ models = [build(0), build(1)] if args.up_front else [None, None]
 first = train(0, models.pop(0))
 second = train(1, models.pop(0))
 if args.save:
+    if args.keep_model:
+        first, second = ({"model": r["model"].state_dict()} for r in (first, second))
     torch.save({"first": first, "second": second}, args.save)
