@@ -349,6 +349,7 @@ class OpStream(TorchDispatchMode):
         self._infos: dict[Any, OpInfo] = {}
         self._roots: list[weakref.ref[torch.nn.Module]] = []  # NOTE [ Roots ]
         self._late_roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # NOTE [ Late roots ]
+        self._called_roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # in this iteration
         self._module_names: dict[int, str] = {}
         self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self._stepped: set[int] = set()
@@ -609,6 +610,7 @@ class OpStream(TorchDispatchMode):
     def _boundary(self) -> None:
         if self.forked():  # a forked child's steps (Hogwild workers') are not the script's iterations:
             return  # counted, the profile's stopped a worker at its third step, and the job hung
+        self._trained_instead()
         named, _ = persistent_names(self.named_roots(), self.optimizers())
         # Storages made in this iteration that are about to get persistent names
         # (gradients with zero_grad(set_to_none=True)): their kind, for end_iteration.
@@ -654,6 +656,7 @@ class OpStream(TorchDispatchMode):
         self.iteration += 1
         self.op_index = 0
         self._stepped.clear()
+        self._called_roots = weakref.WeakSet()
         self.begin_iteration()
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
@@ -793,10 +796,12 @@ class OpStream(TorchDispatchMode):
     # counts for neither, and takes no number in the names (``persistent_names``): with k-fold
     # training's loss module alive, each new fold's model was late, and every iteration after
     # the first fold ran on demand at 1.65x the budget. Where the old model lives on (kept for
-    # an ensemble), the late ones take the names once an optimizer holds their parameters and
-    # none of the named ones' (``_trained_instead``), and the old one's names are let go (NOTE
-    # [ Left over ] in runtime.executor): bound to its idle weights, the plan's names had left
-    # the second model's iterations at 1.65-1.95x the budget. Not handled: the iteration in
+    # an ensemble), the late ones take the names once an optimizer holds their parameters while
+    # the named ones idle, neither called in the iteration ending nor an optimizer's
+    # (``_trained_instead``; a frozen backbone probed, a model stepped through master copies
+    # are called), and the old one's names are let go (NOTE [ Left over ] in runtime.executor):
+    # bound to its idle weights, the plan's names had left the second model's iterations at
+    # 1.65-1.95x the budget. Not handled: the iteration in
     # which a model built before it and idle until then is first called, where that iteration
     # runs the plan's own ops (a second model built up front and trained with plain SGD after
     # the first: 1.63x; leaving the plan at such a model's first call refused linear probing
@@ -810,20 +815,23 @@ class OpStream(TorchDispatchMode):
             # the late ones take their place
             self._late_roots = weakref.WeakSet()
             return roots
-        if self._late_roots and self._trained_instead(named):  # kept idle: the trained ones take their place
-            self._late_roots = weakref.WeakSet(named)
-            return [m for m in roots if m not in self._late_roots]
         return named
 
-    def _trained_instead(self, named: list[torch.nn.Module]) -> bool:
-        """Whether an optimizer holds a late root's parameters and no named root's: the model
-        before kept (an ensemble's) while the next one trains (NOTE [ Late roots ])."""
+    def _trained_instead(self) -> None:
+        """At a boundary: where the named roots idle (none called in the iteration ending, nor
+        its parameters an optimizer's) while an optimizer holds a late root's (the model before
+        kept, an ensemble's, while the next one trains), the late roots take their place
+        (NOTE [ Late roots ])."""
+        if not self._late_roots:
+            return
         held = {id(p) for o in self.optimizers() for g in o.param_groups for p in g["params"]}
 
         def trained(m: torch.nn.Module) -> bool:
             return any(id(p) in held for p in m.parameters())
 
-        return not any(trained(m) for m in named) and any(trained(m) for m in self._late_roots)
+        named = [m for m in self.roots() if m not in self._late_roots and has_parameters(m)]
+        if not any(m in self._called_roots or trained(m) for m in named) and any(map(trained, self._late_roots)):
+            self._late_roots = weakref.WeakSet(named)
 
     def _fwd_pre(self, module: torch.nn.Module, _args: Any) -> None:
         if not self._fsdp_patched and _FSDP_PARAM in sys.modules:  # before FSDP2's own pre-hooks
@@ -831,6 +839,8 @@ class OpStream(TorchDispatchMode):
         compiled = _compiled_module_name(module)
         if compiled is not None:
             self._note_compiled(compiled)
+        if not self.module_stack:
+            self._called_roots.add(module)
         self.module_stack.append(self._module_name(module))
 
     def _note_compiled(self, what: str) -> None:

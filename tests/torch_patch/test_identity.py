@@ -212,3 +212,52 @@ def test_a_ctrl_c_between_the_two_handler_swaps_restores_the_first(monkeypatch: 
         assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     finally:
         signal.signal(signal.SIGTERM, default_term)
+
+
+@pytest.mark.parametrize("case", ["ensemble", "probe", "master-copies"])
+def test_a_model_trained_after_another_takes_the_names_only_where_the_other_idles(case: str) -> None:
+    """NOTE [ Late roots ] in torch_patch.opstream: a second model first called after the first
+    model's training takes the persistent names once an optimizer holds its parameters and the
+    first idles, kept (an ensemble's) but neither called nor an optimizer's. A review found a
+    first version moving the names off a frozen backbone probed every step, and off a model
+    stepped through fp32 master copies beside a discriminator that joins later."""
+    from torch_patch.opstream import OpStream
+
+    torch.manual_seed(0)
+    stream = OpStream()
+    with stream:
+        first = torch.nn.Linear(8, 8)
+        if case == "master-copies":
+            master = [torch.nn.Parameter(p.detach().clone()) for p in first.parameters()]
+            opts = [torch.optim.SGD(master, lr=0.1)]
+        else:
+            opts = [torch.optim.SGD(first.parameters(), lr=0.1)]
+        second = torch.nn.Linear(8, 8)
+        for step in range(6):
+            if case == "master-copies":
+                out = first(torch.randn(4, 8))
+                loss = out.sum() + (second(out).sum() if step >= 2 else 0)
+                loss.backward()
+                for m, p in zip(master, first.parameters(), strict=True):
+                    m.grad = p.grad
+                if step == 2:
+                    opts.append(torch.optim.SGD(second.parameters(), lr=0.1))
+            elif step < 2:
+                first(torch.randn(4, 8)).sum().backward()
+            else:
+                if step == 2:
+                    opts = [torch.optim.SGD(second.parameters(), lr=0.1)]  # the first's dropped
+                x = torch.randn(4, 8)
+                if case == "probe":
+                    with torch.no_grad():
+                        x = first(x)
+                second(x).sum().backward()
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
+            if case == "master-copies":
+                with torch.no_grad():
+                    for m, p in zip(master, first.parameters(), strict=True):
+                        p.copy_(m)
+        named = stream.named_roots()
+    assert named == ([second] if case == "ensemble" else [first])
