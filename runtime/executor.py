@@ -1637,7 +1637,7 @@ class PlanExecutor(OpStream):
     # stays out at every boundary after, until an op reads it: the boundary after an evaluation run
     # on demand brought back all the plan has in, such copies too, which then stayed in (a deep
     # copy of the model's and the optimizer's state, kept: every iteration after at 2.06x).
-    def _send_left_over(self, known: Iterable[int], let_go: Collection[int] = ()) -> list[int]:
+    def _send_left_over(self, known: Iterable[int], let_go: Collection[int]) -> list[int]:
         """Send out what the iteration before left over, and the storages ``let_go`` (NOTE [ Left
         over ]); their ids."""
         left = (self._left_over if self._ending is Ending.ON_DEMAND else {}).keys() | set(let_go)

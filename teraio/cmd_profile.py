@@ -280,13 +280,13 @@ def profile(
     prof = tracer.profile(meta)
     for skipped in prof.meta["skipped_iterations"]:
         if skipped["sizes_only"]:  # NOTE [ Other sizes ] in runtime/executor.py
-            why = ("its tensor sizes differ: a smaller last batch, or dynamic padding? pad to one shape for every "
-                   "step to be planned", "`teraio run` follows the plan in iterations like it, leaving tensors of "
-                   "other sizes in memory, or runs them on demand where most of the plan's moves find "
-                   "other sizes")
+            cause = ("its tensor sizes differ: a smaller last batch, or dynamic padding? pad to one shape for "
+                     "every step to be planned")
+            then = ("`teraio run` follows the plan in iterations like it, leaving tensors of other sizes in "
+                    "memory, or runs them on demand where most of the plan's moves find other sizes")
         else:
-            why = "an evaluation or checkpoint between steps?", "`teraio run` runs iterations like it on demand"
-        info(f"iteration {skipped['iteration']} is not in the profile: {skipped['reason']} ({why[0]}); {why[1]}")
+            cause, then = "an evaluation or checkpoint between steps?", "`teraio run` runs iterations like it on demand"
+        info(f"iteration {skipped['iteration']} is not in the profile: {skipped['reason']} ({cause}); {then}")
     not_resizable = int((~prof.tensors["resizable"]).sum())
     if not_resizable:
         info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory, DLPack or "

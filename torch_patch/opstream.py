@@ -801,12 +801,11 @@ class OpStream(TorchDispatchMode):
     # (``_trained_instead``; a frozen backbone probed, a model stepped through master copies
     # are called), and the old one's names are let go (NOTE [ Left over ] in runtime.executor):
     # bound to its idle weights, the plan's names had left the second model's iterations at
-    # 1.65-1.95x the budget. Not handled: the iteration in
-    # which a model built before it and idle until then is first called, where that iteration
-    # runs the plan's own ops (a second model built up front and trained with plain SGD after
-    # the first: 1.63x; leaving the plan at such a model's first call refused linear probing
-    # through a new slice of a frozen model each step). Profile past the change there
-    # (``teraio profile --warmup``).
+    # 1.65-1.95x the budget. Not handled: the iteration in which a model built before it and idle
+    # until then is first called, where that iteration runs the plan's own ops (a second model
+    # built up front and trained with plain SGD after the first: 1.63x; leaving the plan at such
+    # a model's first call refused linear probing through a new slice of a frozen model each
+    # step). Profile past the change there (``teraio profile --warmup``).
     def named_roots(self) -> list[torch.nn.Module]:
         """The live roots whose storages get persistent names (NOTE [ Late roots ])."""
         roots = self.roots()
@@ -931,11 +930,8 @@ class OpStream(TorchDispatchMode):
         for module in list(sys.modules.values()):
             if not isinstance(module, types.ModuleType):
                 continue
-            try:  # not through the module's own getattr: a lazy module would load (and may raise)
-                names = object.__getattribute__(module, "__dict__")
-            except AttributeError:
-                continue
-            for attr, value in list(names.items()) if isinstance(names, dict) else ():
+            # not through the module's own getattr: a lazy module would load (and may raise)
+            for attr, value in list(object.__getattribute__(module, "__dict__").items()):
                 if value is original:
                     try:
                         setattr(module, attr, wrapped)
