@@ -47,7 +47,7 @@ at ``b'`` that some op of ``[a, b']`` accesses. Where a backward pass starts by
 making the loss's gradient, its memory peaks a few ops in: for Llama3-8B at
 batch 16 on 80 GiB, 3.9 GiB above its first op, which the window's first op
 alone does not see. Any set of windows that covers the iteration in order
-gives a bound; the function reports two and their maximum:
+gives a bound; the function reports three and their maximum:
 
 - *peak*: one window, the whole iteration from its peak op (for the reads)
   and the whole iteration up to the peak op (for the writes): the bytes out at
@@ -58,6 +58,21 @@ gives a bound; the function reports two and their maximum:
   sees what the peak bound cannot: an optimizer step that touches every
   parameter, gradient and moment in a short time must read all that is out
   when it starts within that time.
+- *merged*: the same over runs of up to ``MERGED`` adjacent phase windows,
+  the best partition of the iteration into such runs (a dynamic program over
+  the runs, each at its tightest ``a'`` and ``b'``). A run sees what its
+  windows alone do not: for Llama3-8B at batch 16 on one H100 with the SSD
+  alone, the optimizer step's states (its moments among them, idle all the
+  backward pass) must be read while the last backward pass reads its own
+  inputs, with the same capacity for both: that backward pass and the step
+  take at least 6.29 s, against 3.19 s and 2.67 s alone, and the iteration at
+  least 55.09 s, against 53.62 s by the phases (at batch 16 with host memory
+  51.51 s against 51.47 s, Llama3-70B at batch 16 with host memory 471.23 s
+  against 470.98 s). Runs of more than two windows bounded none of
+  ``bench/policies.py``'s one-GPU cases more tightly, searched up to the
+  whole iteration (2026-11-27); runs of up to three are tried.
+  The planner's clocks are paced by the phase windows alone
+  (``planner.pace``).
 
 ``A`` and ``Z`` are counted from the problem's inactive periods and the bytes
 each op accesses; a tensor idle at ``a`` whose period the problem leaves out (of
@@ -76,7 +91,10 @@ import numpy as np
 from planner.hardware import Hardware
 from planner.problem import PlanProblem
 
-__all__ = ["Bound", "iteration_bound", "phase_windows", "transfer_us"]
+__all__ = ["MERGED", "Bound", "iteration_bound", "phase_windows", "transfer_us"]
+
+MERGED = 3
+"""The most adjacent phase windows one run of the merged bound holds (NOTE [ Transfer bound ])."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,8 @@ class Bound:
     """The bytes out at the peak op, moved out and back once (NOTE [ Transfer bound ], peak)."""
     phases_us: float
     """The sum over the phase windows (NOTE [ Transfer bound ], phases)."""
+    merged_us: float
+    """The most of the sums over runs of adjacent phase windows (NOTE [ Transfer bound ], merged)."""
     window_first_op: np.ndarray  # (num_windows,) int64: each phase window's first op
     window_compute_us: np.ndarray  # (num_windows,) float64: its ops' time
     window_read_bytes: np.ndarray  # (num_windows,) float64: the least it must read back (the most from any op of it)
@@ -101,7 +121,7 @@ class Bound:
     @property
     def iteration_us(self) -> float:
         """The tightest of the bounds."""
-        return max(self.ideal_us, self.peak_us, self.phases_us)
+        return max(self.ideal_us, self.peak_us, self.phases_us, self.merged_us)
 
 
 def transfer_us(num_bytes: float | np.ndarray, ssd_bw_bytes_per_s: float, host_bw_bytes_per_s: float,
@@ -195,15 +215,8 @@ def iteration_bound(problem: PlanProblem, hw: Hardware) -> Bound:
     ideal = problem.ideal_iteration_us
     if n == 0:
         empty = np.zeros(0)
-        return Bound(ideal, ideal, ideal, np.zeros(0, np.int64), empty, empty, empty, empty, empty)
-    cap = float(hw.gpu_mem_bytes)
-    host = float(hw.host_mem_bytes)
-
-    def t_read(x: np.ndarray) -> np.ndarray:
-        return transfer_us(x, hw.ssd_read_bw_bytes_per_s, hw.host_bw_bytes_per_s, host)
-
-    def t_write(x: np.ndarray) -> np.ndarray:
-        return transfer_us(x, hw.ssd_write_bw_bytes_per_s, hw.host_bw_bytes_per_s, host)
+        return Bound(ideal, ideal, ideal, ideal, np.zeros(0, np.int64), empty, empty, empty, empty, empty)
+    cap, host = float(hw.gpu_mem_bytes), float(hw.host_mem_bytes)
 
     # The peak: reads over the iteration from the peak op, writes over the iteration up to it.
     # Each op gives a bound; that of the op with the most tensor bytes, and that of the op that
@@ -212,9 +225,24 @@ def iteration_bound(problem: PlanProblem, hw: Hardware) -> Bound:
     at = np.unique([int(problem.memory_bytes.argmax()), int(tensors.argmax())])
     reads, _ = _used_bytes(problem, at, at + n - 1)
     _, writes = _used_bytes(problem, at + 1, at + n)
-    peak = max(ideal, float(t_read(reads - cap).max()), float(t_write(writes - cap).max()))
+    peak = max(ideal, float(transfer_us(reads - cap, hw.ssd_read_bw_bytes_per_s, hw.host_bw_bytes_per_s, host).max()),
+               float(transfer_us(writes - cap, hw.ssd_write_bw_bytes_per_s, hw.host_bw_bytes_per_s, host).max()))
 
     first = phase_windows(problem)
+    compute, reads, writes, transfer, per_window = _windows(problem, hw, first)
+    return Bound(ideal_us=ideal, peak_us=peak, phases_us=float(per_window.sum()),
+                 merged_us=_merged_us(problem, hw, first, per_window), window_first_op=first,
+                 window_compute_us=compute, window_read_bytes=reads, window_write_bytes=writes,
+                 window_transfer_us=transfer, window_us=per_window)
+
+
+def _windows(problem: PlanProblem, hw: Hardware, first: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per window (windows start at ``first``, which cover the iteration in order, ``first[0] == 0``):
+    its ops' time, the least it must read back and write out (the most from, and up to, any op of
+    it), the least time those hold it, and the least time it takes (NOTE [ Transfer bound ])."""
+    n = problem.num_ops
+    cap, host = float(hw.gpu_mem_bytes), float(hw.host_mem_bytes)
     reads, writes = _used_bytes_per_op(problem, first)
     reads, writes = np.maximum(reads - cap, 0.0), np.maximum(writes - cap, 0.0)
     # Per op k of a window: the compute of its ops before k, and of k and those after.
@@ -223,11 +251,29 @@ def iteration_bound(problem: PlanProblem, hw: Hardware) -> Bound:
     ops = np.diff(np.r_[first, n])
     before = np.cumsum(d) - d - np.repeat(np.cumsum(compute) - compute, ops)
     after = np.repeat(compute, ops) - before
-    read_us = np.maximum.reduceat(before + t_read(reads), first)
-    write_us = np.maximum.reduceat(t_write(writes) + after, first)
+    read_us = np.maximum.reduceat(before + transfer_us(reads, hw.ssd_read_bw_bytes_per_s, hw.host_bw_bytes_per_s,
+                                                       host), first)
+    write_us = np.maximum.reduceat(transfer_us(writes, hw.ssd_write_bw_bytes_per_s, hw.host_bw_bytes_per_s, host)
+                                   + after, first)
     transfer = np.maximum(read_us, write_us)
-    per_window = np.maximum(compute, transfer)
-    reads, writes = np.maximum.reduceat(reads, first), np.maximum.reduceat(writes, first)
-    return Bound(ideal_us=ideal, peak_us=peak, phases_us=float(per_window.sum()), window_first_op=first,
-                 window_compute_us=compute, window_read_bytes=reads, window_write_bytes=writes,
-                 window_transfer_us=transfer, window_us=per_window)
+    return (compute, np.maximum.reduceat(reads, first), np.maximum.reduceat(writes, first), transfer,
+            np.maximum(compute, transfer))
+
+
+def _merged_us(problem: PlanProblem, hw: Hardware, first: np.ndarray, single: np.ndarray) -> float:
+    """The most, over the partitions of the phase windows (starting at ``first``, each alone taking
+    ``single``) into runs of up to ``MERGED`` adjacent ones, of the sum of the runs' least times
+    (NOTE [ Transfer bound ], merged)."""
+    num = len(first)
+    least = {(w, w + 1): float(single[w]) for w in range(num)}  # (first window, end window) -> us
+    for length in range(2, min(MERGED, num) + 1):
+        for offset in range(length):  # the runs [offset + i * length, ...) and [0, offset) cover it
+            starts = ([0] if offset else []) + list(range(offset, num, length))
+            per_run = _windows(problem, hw, first[starts])[4]
+            for i, w in enumerate(starts):
+                least[w, starts[i + 1] if i + 1 < len(starts) else num] = float(per_run[i])
+    best = np.full(num + 1, -np.inf)
+    best[0] = 0.0
+    for end in range(1, num + 1):
+        best[end] = max(best[w] + least[w, end] for w in range(max(0, end - MERGED), end))
+    return float(best[num])

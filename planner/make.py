@@ -225,6 +225,7 @@ def summarize(rank_plan: RankPlan, hw: Hardware) -> dict[str, Any]:
         "bound_us": bound.iteration_us,
         "bound_peak_us": bound.peak_us,
         "bound_phases_us": bound.phases_us,
+        "bound_merged_us": bound.merged_us,
         "bound_ratio": sim.iteration_us / bound.iteration_us if bound.iteration_us > 0 else 1.0,
         "stall_us": sim.stall_us,
         # NOTE [ Copies on the compute ]: what the ops took beyond their profiled time

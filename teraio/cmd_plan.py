@@ -182,7 +182,9 @@ def _print_summary(s: dict[str, Any], profile_path: object, out: Path,
               f"critical rank {s['critical_rank']}")
     if "bound_us" in s:
         print(f"bound       no plan is faster than {s['bound_us'] / 1e3:,.2f} ms (bytes out at the peak "
-              f"moved once: {s['bound_peak_us'] / 1e3:,.2f} ms; per phase: {s['bound_phases_us'] / 1e3:,.2f} ms); "
+              f"moved once: {s['bound_peak_us'] / 1e3:,.2f} ms; per phase: {s['bound_phases_us'] / 1e3:,.2f} ms"
+              + (f"; adjacent phases together: {s['bound_merged_us'] / 1e3:,.2f} ms" if "bound_merged_us" in s else "")
+              + "); "
               f"predicted {s['bound_ratio']:.3f}x of it")
     if s.get("copy_charge_us") or s.get("op_overhead_us") or s.get("refault_us"):
         print(f"            of which copies and transfers on the compute {s['copy_charge_us'] / 1e3:,.2f} ms, "

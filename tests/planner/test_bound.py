@@ -158,3 +158,22 @@ def test_scratch_at_an_op_with_few_tensors_keeps_the_peak_bound() -> None:
     plain = iteration_bound(problem_from_profile(prof), h).peak_us
     scratched = dataclasses.replace(prof, kernels=prof.kernels.assign(scratch_bytes=[0, 0, 200, 0]))
     assert iteration_bound(problem_from_profile(scratched), h).peak_us >= plain > 100_000
+
+
+def test_runs_of_windows_see_what_each_window_alone_does_not() -> None:
+    """Ops 0-4 forward (1,000 us each), 5-9 backward and 10-14 optimizer (100 us each). R (500 B) is
+    written at op 7 alone, S (500 B) at op 12 alone, C (10 B) by every op: each phase window alone
+    holds what it uses within 600 B. Ops 5-14 together do not: at op 12, S and C in use, 410 B of
+    R are out, written after op 7 (at 10 us a byte, 4,100 us), and ops 12-14 follow (300 us)."""
+    tensors = [{"tensor_id": 0, "size_bytes": 500}, {"tensor_id": 1, "size_bytes": 500},
+               {"tensor_id": 2, "size_bytes": 10}]
+    accesses = [(7, 0), (12, 1)] + [(k, 2) for k in range(15)]
+    problem = problem_from_profile(make_profile([1000.0] * 5 + [100.0] * 10, tensors, accesses,
+                                                phases=["forward"] * 5 + ["backward"] * 5 + ["optimizer"] * 5))
+    h = hw(600, ssd=1e5)
+    b = iteration_bound(problem, h)
+    assert list(phase_windows(problem)) == [0, 5, 10]
+    assert b.phases_us == pytest.approx(6000) and b.peak_us == pytest.approx(6000)
+    assert b.merged_us == pytest.approx(5000 + 4100 + 300) and b.iteration_us == b.merged_us
+    rp = plan_rank(problem, h)
+    assert rp.sim.fits and rp.sim.iteration_us >= b.merged_us * (1 - 1e-9)
