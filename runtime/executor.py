@@ -120,6 +120,7 @@ class RunStats:
     # legacy one (then freed again) or a read on another thread
     thread_fetches: int = 0  # tensors brought back for a read on another thread (NOTE [ Reads on other threads ])
     other_sizes: int = 0  # planned offloads left out: their storage had another size or name
+    iteration_other_sizes: list[int] = field(default_factory=list)  # the same, per iteration
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
     dropped_copies: int = 0  # kept copies an op wrote over before their offload came
     evictions: int = 0  # tensors sent out in iterations run on demand, to stay within the budget
@@ -1547,6 +1548,7 @@ class PlanExecutor(OpStream):
         if self._again:  # the last op used them: no later op sends them (NOTE [ Ops on a tensor going out ])
             self._send_again("the boundary", [])
         self.stats.other_sizes += self._other_sizes
+        self.stats.iteration_other_sizes.append(self._other_sizes)
         self._offloads_started = self._other_sizes = 0
         self._first_other_size = None
         self._busy_before, self._busy = self._busy, set()

@@ -542,3 +542,18 @@ def test_a_packed_sequence_of_other_lengths_every_step_is_reported_as_sizes_that
     assert r.returncode == 2, r.stderr
     error = r.stderr.strip().splitlines()[-1]
     assert "tensor sizes change from step to step" in error and "pad or bucket" in error
+
+
+def test_steps_of_sizes_larger_than_the_profiled_ones_are_named_as_the_cause_of_going_over(tmp_path: Path) -> None:
+    """A curriculum's longer sequences after the profiled steps: the plan's moves of activations find
+    tensors of other sizes and leave them in memory (NOTE [ Other sizes ] in runtime.executor), and
+    those iterations still follow the plan for the rest, over its budget. The message gave other
+    causes (a checkpoint loaded and kept, a busy disk) and never the sizes; it now says how many
+    moves found another size and to profile at the largest sizes or pad to them (found by a sweep)."""
+    plain, teraio = compare(SCRIPTS / "curriculum.py", [], tmp_path, share="min")
+    assert_identical(plain, teraio)
+    assert teraio.report is not None
+    other = teraio.report["iteration_other_sizes"]
+    assert not any(other[:4]) and all(other[4:]), other
+    assert "of the plan's moves found a tensor of another size than the profile's" in teraio.stderr, teraio.stderr
+    assert "a profile at the largest sizes the script reaches" in teraio.stderr
