@@ -315,15 +315,17 @@ def test_a_script_that_stops_is_said_and_its_report_written(tmp_path: Path, how:
 
 def test_a_run_whose_steps_changed_after_the_profiled_ones_says_to_profile_past_the_change() -> None:
     """Every iteration from 3 on ran on demand (a head added at step 3): `teraio run` says to
-    profile past the change, which --hold-on-demand does not fix (1.44x against 1.0x so)."""
+    profile past the change, which --hold-on-demand does not fix (1.44x against 1.0x so). Where
+    iterations ran on demand here and there as well, their ops vary from step to step, and it says
+    that instead."""
     from teraio.cmd_run import _summary
 
-    def report(unfollowed: list[int]) -> dict[str, object]:
+    def report(unfollowed: list[int], n: int = 6) -> dict[str, object]:
         return {"predicted": {"gpu_mem_bytes": 100}, "peak_tracked_bytes": 90, "peak_rss_bytes": 1000,
                 "measured_iteration_s": 0.1, "stalls": 0, "stall_s": 0.0, "on_demand_fetches": 0,
-                "bytes_written": {}, "bytes_read": {}, "iteration_peak_bytes": [90] * 6,
+                "bytes_written": {}, "bytes_read": {}, "iteration_peak_bytes": [90] * n,
                 "unfollowed_iterations": [{"iteration": k} for k in unfollowed],
-                "iteration_followed": [k not in unfollowed for k in range(6)], "compiled": [],
+                "iteration_followed": [k not in unfollowed for k in range(n)], "compiled": [],
                 "first_iteration_peak_bytes": 90, "first_iteration_budget_bytes": 100,
                 "first_iteration_left_plan_at": None}
 
@@ -331,6 +333,13 @@ def test_a_run_whose_steps_changed_after_the_profiled_ones_says_to_profile_past_
     assert "teraio profile --warmup 4" in _summary(report([3, 4, 5]))
     assert "every iteration" not in _summary(report([3, 5]))  # an evaluation every other step
     assert "every iteration" not in _summary(report([4, 5]))  # an evaluation in the last step, say
+    assert "every iteration from 7 on" in _summary(report([1, 7, 8, 9], 10))  # DDP's second step, then a change
+    # Episodes of a length the data decides (REINFORCE; a sweep's script): the last three ran on demand,
+    # and so had four before them: no profile past a change helps, and the message said one would
+    varying = _summary(report([1, 3, 4, 5, 7, 8, 9], 10))
+    assert "every iteration" not in varying and "--warmup" not in varying
+    assert "7 of 9 iterations after the first ran on demand, here and there: their ops differ from step to step" \
+        in varying
 
 
 TWO_TENSOR = """
