@@ -751,15 +751,18 @@ class Tracer(OpStream):
                       "steps that are alike (raise --warmup past them, or run more steps)")
         elif sizes_only:
             advice = ("tensor sizes change from step to step (dynamic padding or variable-length "
-                      "batches, packed or not? sparse gradients, whose rows are the distinct ids of each batch?): "
-                      "pad or bucket the batches to one fixed shape (e.g. padding='max_length' "
-                      "with a tokenizer), or use dense gradients, and profile again; planning for "
-                      "several shapes is not supported yet")
+                      "batches, packed or not? sparse gradients, whose rows are the distinct ids of each batch? "
+                      "sizes the data decides inside the model, as a mixture of experts' tokens per expert "
+                      "from nonzero or topk?): pad or bucket the batches to one fixed shape (e.g. "
+                      "padding='max_length' with a tokenizer), give each expert a fixed capacity, or use "
+                      "dense gradients, and profile again; planning for several shapes is not supported yet")
         else:
             advice = ("the ops differ between steps (an evaluation, logging or a checkpoint every "
-                      "few steps?): profile a stretch of steps that are alike (raise --warmup past "
+                      "few steps? a loop whose length the data decides, as an episode's, or a branch some "
+                      "steps take?): profile a stretch of steps that are alike (raise --warmup past "
                       "the irregular ones, or run more steps), or call teraio.mark_iteration() "
-                      "where each step ends")
+                      "where each step ends; steps whose ops the data decides cannot be planned: make "
+                      "every step run the same ops (pad to a fixed length, take the branch every step)")
         return (f"no {self.iters} of the {sum(len(g) for g in groups)} recorded iterations are "
                 f"alike ({counted}); iteration {other_it} differs from iteration {first_it}: "
                 f"{what}; {advice}")
