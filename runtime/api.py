@@ -261,7 +261,7 @@ def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, A
         "save_fetches": s.save_fetches,
         "thread_fetches": s.thread_fetches,
         "other_sizes": s.other_sizes,
-        "iteration_other_sizes": s.iteration_other_sizes,
+        "iteration_larger_sizes": s.iteration_larger_sizes,
         "compiled": executor.compiled,
         "bytes_written": written,
         "bytes_read": read,

@@ -120,7 +120,7 @@ class RunStats:
     # legacy one (then freed again) or a read on another thread
     thread_fetches: int = 0  # tensors brought back for a read on another thread (NOTE [ Reads on other threads ])
     other_sizes: int = 0  # planned offloads left out: their storage had another size or name
-    iteration_other_sizes: list[int] = field(default_factory=list)  # the same, per iteration
+    iteration_larger_sizes: list[int] = field(default_factory=list)  # per iteration, those of larger storages
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
     dropped_copies: int = 0  # kept copies an op wrote over before their offload came
     evictions: int = 0  # tensors sent out in iterations run on demand, to stay within the budget
@@ -294,6 +294,7 @@ class PlanExecutor(OpStream):
         self._renamed: dict[int, int] = {}  # the renaming at the last boundary
         self._offloads_started = 0  # in this iteration, NOTE [ Other sizes ]
         self._other_sizes = 0
+        self._larger = 0  # of them, storages larger than the plan's
         self._first_other_size: str | None = None
         self._ending = Ending.ON_DEMAND  # how the iteration before went
         self._warned: set[str] = set()
@@ -564,6 +565,7 @@ class PlanExecutor(OpStream):
             if storage.nbytes() != m.size_bytes or name != m.name:
                 # Another storage than the plan's (NOTE [ Other sizes ]): left alone.
                 self._other_sizes += 1
+                self._larger += storage.nbytes() > m.size_bytes
                 if self._first_other_size is None:
                     self._first_other_size = f"op {m.trigger_op}: tensor {tid} " + (
                         f"is {name}, the plan's {m.name}" if name != m.name else
@@ -817,6 +819,8 @@ class PlanExecutor(OpStream):
         deadline, waited = t0 + self._collective_wait_left, False
         while True:
             with self._lock:  # a write done holds its storage until drained
+                if self.stream_copies:  # its writes are done once polled
+                    self.engine.poll()
                 self._drain()
             if not self.ids.drain_here() or (over := self.stats.tracked_bytes + nbytes - schedule.budget_bytes) <= 0:
                 break
@@ -1548,8 +1552,8 @@ class PlanExecutor(OpStream):
         if self._again:  # the last op used them: no later op sends them (NOTE [ Ops on a tensor going out ])
             self._send_again("the boundary", [])
         self.stats.other_sizes += self._other_sizes
-        self.stats.iteration_other_sizes.append(self._other_sizes)
-        self._offloads_started = self._other_sizes = 0
+        self.stats.iteration_larger_sizes.append(self._larger)
+        self._offloads_started = self._other_sizes = self._larger = 0
         self._first_other_size = None
         self._busy_before, self._busy = self._busy, set()
         self._in_collective = {t for t in self._in_collective if self.ids.storage(t) is not None}

@@ -81,16 +81,16 @@ def _summary(r: dict[str, Any]) -> str:
     if above:
         its = ", ".join(str(i) for i, _ in above[:8]) + (f" and {len(above) - 8} more" if len(above) > 8 else "")
         which = f"iteration{'s' if len(above) > 1 else ''} {its}"
-        per_iteration = r.get("iteration_other_sizes") or []
-        other = sum(per_iteration[i] for i, _ in above if i < len(per_iteration))
+        per_iteration = r.get("iteration_larger_sizes") or []
+        larger = sum(per_iteration[i] for i, _ in above if i < len(per_iteration))
         lines.append(f"{which} followed the plan but went over its budget of {_mib(budget)} (up to "
                      f"{max(p for _, p in above) / budget:.2f}x). " + (
-                         f"In them {other} of the plan's moves found a tensor of another size than the "
-                         "profile's and left it in memory (NOTE [ Other sizes ] in runtime/executor.py): "
-                         "sizes that change after the profiled steps (a longer sequence, a larger batch, "
-                         "a curriculum) need a profile at the largest sizes the script reaches (--warmup "
-                         "past the change, or profile with those sizes), or inputs padded to fixed sizes. "
-                         "Other possible causes: " if other else "Possible causes: ") + (
+                         f"In them {larger} of the plan's moves found a tensor larger than the profile's "
+                         "and left it in memory (NOTE [ Other sizes ] in runtime/executor.py): sizes that "
+                         "grow after the profiled steps (a longer sequence, a larger batch, a curriculum) "
+                         "need a profile at the largest sizes the script reaches (--warmup past the change, "
+                         "or profile with those sizes), or inputs padded to fixed sizes. "
+                         "Other possible causes: " if larger else "Possible causes: ") + (
                          f"{r['failed_writes']} writes that failed (no room left where they went: the "
                          "warning above), whose tensors stayed in memory; " if r.get("failed_writes") else "")
                      + (f"reads on a thread of the script's own of tensors the plan had out ({r['thread_fetches']} "

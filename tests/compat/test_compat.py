@@ -553,7 +553,7 @@ def test_steps_of_sizes_larger_than_the_profiled_ones_are_named_as_the_cause_of_
     plain, teraio = compare(SCRIPTS / "curriculum.py", [], tmp_path, share="min")
     assert_identical(plain, teraio)
     assert teraio.report is not None
-    other = teraio.report["iteration_other_sizes"]
-    assert not any(other[:4]) and all(other[4:]), other
-    assert "of the plan's moves found a tensor of another size than the profile's" in teraio.stderr, teraio.stderr
+    larger = teraio.report["iteration_larger_sizes"]
+    assert not any(larger[:4]) and all(larger[4:]), larger
+    assert "of the plan's moves found a tensor larger than the profile's" in teraio.stderr, teraio.stderr
     assert "a profile at the largest sizes the script reaches" in teraio.stderr
