@@ -99,21 +99,27 @@ class Boundary:
 
 def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, int],
                 names: Mapping[str, int], live_bytes: Callable[[int], int | None],
-                out: Collection[int], after_first: bool = False, iteration: int | None = None) -> Boundary:
+                out: Collection[int], after_first: bool = False, iteration: int | None = None,
+                names_moved: bool = False) -> Boundary:
     """The boundary before an iteration that follows the steady plan of ``rank``.
 
     ``renamed``: old id -> new id of every storage renamed at this boundary;
     ``names``: persistent name -> id now; ``live_bytes(id)``: the size of the live
     storage with that id now, in memory or out, None if none; ``out``: ids now of the storages that
     are offloaded or on their way out; ``after_first``: the iteration that ended is 0;
-    ``iteration``: the one that begins.
+    ``iteration``: the one that begins; ``names_moved``: names were let go at this boundary (a
+    model trained after another took them: NOTE [ Late roots ] in torch_patch.opstream), so the
+    named storages are not those the plan's moves sent out in a followed iteration that ended.
     """
     kept = plan.kept_for_good.get(rank, {}).get(iteration) if iteration is not None else None
     kept_for_good = _of_its_size(plan, rank, kept, live_bytes) if kept else {}
-    if ending is Ending.STEADY:
+    if ending is Ending.STEADY and not names_moved:
         return Boundary({old: new for old, new in renamed.items() if old >= PRODUCED_BASE} | kept_for_good, (), ())
     plan_ids: dict[int, int] = dict(kept_for_good)
-    if ending is Ending.FIRST and plan.first is not None:
+    if ending is Ending.STEADY:  # names moved: the transient storages are where the plan has them
+        plan_ids |= {old: new for old, new in renamed.items() if old >= PRODUCED_BASE
+                     and not LONG_BASE <= old < CARRIED_FLAG}
+    elif ending is Ending.FIRST and plan.first is not None:
         for steady, made in plan.first.carried_into_next.get(rank, {}).items():
             plan_ids[steady] = plan_ids[steady | CARRIED_FLAG] = made
     elif after_first and plan.first is not None:

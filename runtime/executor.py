@@ -1609,17 +1609,16 @@ class PlanExecutor(OpStream):
 
     def begin_iteration(self) -> None:
         self._named = {name: tid for tid, (name, _) in self.persistent.items()}
-        # Names let go here (a model trained after another took them: NOTE [ Late roots ] in
-        # torch_patch.opstream) are now other storages than those the plan's moves sent out in the
-        # iteration that ended: put those where the plan has them, as after one run on demand. The
-        # second model's weights stayed in beside the first's, 1.155x over in the iteration after
-        # the switch, with some of the machine's measured copy costs.
-        ending = Ending.ON_DEMAND if self._ending is Ending.STEADY and self._let_go else self._ending
+        # Where names were let go here (a model trained after another took them: NOTE [ Late roots ]
+        # in torch_patch.opstream) the named storages are not those the plan's moves sent out in the
+        # iteration that ended: they are put where the plan has them. Without it, the second model's
+        # weights stayed in, 1.155x over in the iteration after the switch, with some of the
+        # machine's measured copy costs.
         boundary = at_boundary(
-            self.plan, self.rank, ending, renamed=self._renamed, names=self._named,
+            self.plan, self.rank, self._ending, renamed=self._renamed, names=self._named,
             live_bytes=self._live_bytes,
             out={t for t, e in self.moved.items() if not e.touched and e.state is not Residency.FETCHING},
-            after_first=self.iteration == 1, iteration=self.iteration)
+            after_first=self.iteration == 1, iteration=self.iteration, names_moved=bool(self._let_go))
         self.plan_ids = boundary.plan_ids
         self.schedule = self.steady
         self._sent_again.clear()  # ``_again`` was emptied as the iteration ended

@@ -287,18 +287,21 @@ def compare_policies(profile: Any, problem: Any, hw: Any, rank_plan: Any, rank: 
     }
 
 
-def _warn_early_on_demand(meta: dict[str, Any], first_kept: int, peak: int, budget: int) -> None:
-    """Iterations after iteration 0 and before the first the profile kept that it set aside for
-    their ops (DDP rebuilds its buckets in its second step) run on demand, up to about the profiled
-    peak: said where that is over the budget, with --hold-on-demand, since on a device of about the
-    budget such an iteration runs out of memory before `teraio run` can say anything."""
+def _warn_early_on_demand(meta: dict[str, Any], first_kept: dict[int, int], peak: int, budget: int) -> None:
+    """Iterations after iteration 0 and before the first a rank's profile kept (``first_kept``: rank
+    -> iteration) that it set aside for their ops (DDP rebuilds its buckets in its second step) run
+    on demand, up to about the profiled peak: said where that is over the budget, with
+    --hold-on-demand, since on a device of about the budget such an iteration runs out of memory
+    before `teraio run` can say anything."""
+    last = max(first_kept.values(), default=0)
     early = sorted({(int(k["iteration"]), str(k["reason"])) for k in meta.get("skipped_iterations") or []
-                    if 0 < int(k["iteration"]) < first_kept and not k.get("sizes_only")})
+                    if 0 < int(k["iteration"]) < first_kept.get(int(k.get("rank", -1)), last)
+                    and not k.get("sizes_only")})
     if not early or peak <= 1.05 * budget:
         return
     its = sorted({i for i, _ in early})
     warn(f"iteration{'s' if len(its) > 1 else ''} {', '.join(map(str, its))} differed from the profiled ones "
-         f"({early[0][1]}; DDP rebuilding its buckets in its second step does this): `teraio run` runs "
+         f"({early[0][1]}; as DDP's second step does, which rebuilds its buckets): `teraio run` runs "
          f"{'them' if len(its) > 1 else 'it'} on demand, what each op uses brought back, up to about the "
          f"profiled peak, {peak / 2**20:,.1f} MiB ({peak / budget:.2f}x the budget); on a device that holds "
          "little more than the budget, run with --hold-on-demand, which sends tensors out in such "
@@ -446,7 +449,8 @@ def plan(
                      kept_for_good={r: k for r in rank_plans if (k := prof.kept_for_good(r))})
     s = doc.summary
     s.update(ssd_wear(s["bytes_to_ssd"], s["predicted_iteration_us"], ssd_endurance_pbw))
-    _warn_early_on_demand(prof.meta, min(firsts, default=0), s["peak_before_bytes"], hw.gpu_mem_bytes)
+    _warn_early_on_demand(prof.meta, {r: int(prof.kernels_of(r)["iteration"].min()) for r in prof.ranks
+                                      if len(prof.kernels_of(r))}, s["peak_before_bytes"], hw.gpu_mem_bytes)
     if bw_needed:
         slowest = rank_plans[s["rank"]].problem
         s["bw_needed_gb_per_s"] = {}

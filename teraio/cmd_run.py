@@ -66,16 +66,17 @@ def _summary(r: dict[str, Any]) -> str:
         while since > 1 and since - 1 in unfollowed:
             since -= 1
         scattered = len(unfollowed & set(range(1, since)))  # before the last run of such iterations
-        if n - since >= 3 and scattered <= 1:  # (one: DDP's second step, an evaluation)
+        if n - since >= 3 and scattered <= max(1, (since - 1) // 3):  # DDP's second step, evaluations
             lines.append(f"every iteration from {since} on ran on demand: the steps changed after the profiled "
                          f"ones (a layer unfrozen, a head added?); profile past the change (teraio profile "
                          f"--warmup {since + 1}) and plan again")
         elif len(unfollowed) >= 3 and 3 * len(unfollowed) >= n - 1:
             lines.append(f"{len(unfollowed)} of {n - 1} iterations after the first ran on demand, here and there: "
-                         "their ops differ from step to step (a loop whose length the data decides, as an "
-                         "episode's, a branch some steps take, a model called a varying number of times); a plan "
-                         "holds one sequence of ops, so such steps run on demand: make every step run the same "
-                         "ops (pad to a fixed length, take the branch every step) to follow the plan")
+                         "their ops differ from the plan's (an evaluation every few steps, or ops the data "
+                         "decides: a loop whose length it decides, as an episode's, a branch some steps take, a "
+                         "model called a varying number of times); a plan holds one sequence of ops, so such "
+                         "steps run on demand: make every training step run the same ops (pad to a fixed "
+                         "length, take the branch every step) to follow the plan")
     above = [(i, p) for i, (p, f) in enumerate(zip(r["iteration_peak_bytes"], r["iteration_followed"], strict=False))
              if i and f and budget and p > _OVER * budget]
     if above:

@@ -758,8 +758,9 @@ class Tracer(OpStream):
                       "dense gradients, and profile again; planning for several shapes is not supported yet")
         else:
             advice = ("the ops differ between steps (an evaluation, logging or a checkpoint every "
-                      "few steps? a loop whose length the data decides, as an episode's, or a branch some "
-                      "steps take?): profile a stretch of steps that are alike (raise --warmup past "
+                      "few steps? a loop whose length the data decides, as an episode's, a branch some "
+                      "steps take, a mixture of experts' routing that skips an empty expert?): profile a "
+                      "stretch of steps that are alike (raise --warmup past "
                       "the irregular ones, or run more steps), or call teraio.mark_iteration() "
                       "where each step ends; steps whose ops the data decides cannot be planned: make "
                       "every step run the same ops (pad to a fixed length, take the branch every step)")

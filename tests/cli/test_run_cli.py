@@ -338,8 +338,11 @@ def test_a_run_whose_steps_changed_after_the_profiled_ones_says_to_profile_past_
     # and so had four before them: no profile past a change helps, and the message said one would
     varying = _summary(report([1, 3, 4, 5, 7, 8, 9], 10))
     assert "every iteration" not in varying and "--warmup" not in varying
-    assert "7 of 9 iterations after the first ran on demand, here and there: their ops differ from step to step" \
+    assert "7 of 9 iterations after the first ran on demand, here and there: their ops differ from the plan's" \
         in varying
+    # evaluations at steps 20 and 40, then a change from 60 on (a review): a change still
+    assert "every iteration from 60 on" in _summary(report([20, 40, *range(60, 100)], 100))
+    assert "every iteration from 8 on" in _summary(report([1, 5, 8, 9, 10, 11], 12))
 
 
 TWO_TENSOR = """
