@@ -19,7 +19,8 @@ Plain integers, no torch: the planner and the runtime's boundary logic use them 
 
 from __future__ import annotations
 
-__all__ = ["CARRIED_FLAG", "INPUT_BASE", "LONG_BASE", "PRODUCED_BASE", "input_id", "long_id", "produced_id"]
+__all__ = ["CARRIED_FLAG", "INPUT_BASE", "LONG_BASE", "PRODUCED_BASE", "input_id", "long_id", "produced_id",
+           "produced_op"]
 
 PRODUCED_BASE = 1 << 40
 INPUT_BASE = 2 << 40
@@ -33,6 +34,11 @@ _POS_BITS = 16  # up to 65536 tensors per op (foreach ops over every parameter)
 
 def produced_id(op_index: int, position: int) -> int:
     return PRODUCED_BASE + (op_index << _POS_BITS) + position
+
+
+def produced_op(tid: int) -> int:
+    """The op of the iteration that made the produced storage ``tid`` (carried or not)."""
+    return ((tid & ~CARRIED_FLAG) - PRODUCED_BASE) >> _POS_BITS
 
 
 def input_id(op_index: int, position: int) -> int:

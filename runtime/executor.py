@@ -36,7 +36,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.plan import Migration, Plan
-from profiles.ids import CARRIED_FLAG, LONG_BASE, PRODUCED_BASE
+from profiles.ids import CARRIED_FLAG, INPUT_BASE, LONG_BASE, PRODUCED_BASE, produced_op
 from profiles.views import UNTOUCHED_MIN_BYTES, leaves_in_flight
 from runtime.backends import Backend, BackendFull, HostBackend
 from runtime.boundary import Ending, Schedule, at_boundary
@@ -590,8 +590,22 @@ class PlanExecutor(OpStream):
 
     # ---- transfers ---------------------------------------------------------------
     def _describe(self, tid: int, name: str | None = None) -> str:
+        """``tensor ID`` with its name, or for an unnamed one its size and where it was made (the
+        id alone told a user nothing: a sweep's warning named "tensor 141837019840512")."""
         name = name or self.persistent.get(tid, (None, ""))[0]
-        return f"tensor {tid}" + (f" ({name})" if name else "")
+        if name:
+            return f"tensor {tid} ({name})"
+        size = self.sizes.get(tid)
+        what = [f"{size:,} bytes"] if size is not None else []
+        bare = tid & ~CARRIED_FLAG
+        if PRODUCED_BASE <= bare < INPUT_BASE:
+            op = produced_op(tid)
+            names = self.steady.op_names
+            what.append(f"made by op {op}" + (f", {names[op]}" if op < len(names) else "")
+                        + (" of an iteration before" if tid & CARRIED_FLAG else ""))
+        elif LONG_BASE <= bare < CARRIED_FLAG:
+            what.append("alive a whole iteration, no name holds it")
+        return f"tensor {tid}" + (f" ({'; '.join(what)})" if what else "")
 
     def movable(self, storage: torch.UntypedStorage) -> bool:
         """Also: it holds memory of the CPU or of a CUDA device. A meta storage (a module skeleton

@@ -1513,3 +1513,20 @@ def test_a_storage_the_next_iteration_reads_is_read_back_by_the_plan(tmp_path: P
         assert same(logged_after_step_train(5), expected)
     assert ex.matched_iterations == 4
     assert ex.stats.iteration_on_demand_fetches[1:] == [0] * 4
+
+
+def test_an_unnamed_tensor_is_described_by_its_size_and_the_op_that_made_it(tmp_path: Path) -> None:
+    """Warnings named such a tensor by its id alone ("tensor 141837019840512", a sweep's), which
+    tells a user nothing."""
+    from profiles.ids import CARRIED_FLAG, long_id, produced_id
+
+    with offload(plan_of([], ["aten.mm.default", "c10d.allreduce_.default"]), swap_dir=tmp_path) as executor:
+        executor.sizes[produced_id(1, 0) | CARRIED_FLAG] = 65536
+        executor.sizes[long_id(3)] = 4096
+        executor.persistent[0] = ("fc.weight", "param")
+        assert executor._describe(produced_id(1, 0) | CARRIED_FLAG) == (
+            f"tensor {produced_id(1, 0) | CARRIED_FLAG} (65,536 bytes; made by op 1, c10d.allreduce_.default of "
+            "an iteration before)")
+        assert executor._describe(long_id(3)) == (
+            f"tensor {long_id(3)} (4,096 bytes; alive a whole iteration, no name holds it)")
+        assert executor._describe(0) == "tensor 0 (fc.weight)"
