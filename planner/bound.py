@@ -135,6 +135,14 @@ def transfer_us(num_bytes: float | np.ndarray, ssd_bw_bytes_per_s: float, host_b
     return np.maximum((x - on_host) / ssd_bw_bytes_per_s, on_host / host_bw_bytes_per_s) * 1e6
 
 
+def _t_read(x: np.ndarray, hw: Hardware) -> np.ndarray:
+    return transfer_us(x, hw.ssd_read_bw_bytes_per_s, hw.host_bw_bytes_per_s, hw.host_mem_bytes)
+
+
+def _t_write(x: np.ndarray, hw: Hardware) -> np.ndarray:
+    return transfer_us(x, hw.ssd_write_bw_bytes_per_s, hw.host_bw_bytes_per_s, hw.host_mem_bytes)
+
+
 def phase_windows(problem: PlanProblem) -> np.ndarray:
     """(num_windows,) int64: the first op of each run of ops of one phase (at least op 0)."""
     phase = problem.phase
@@ -216,7 +224,7 @@ def iteration_bound(problem: PlanProblem, hw: Hardware) -> Bound:
     if n == 0:
         empty = np.zeros(0)
         return Bound(ideal, ideal, ideal, ideal, np.zeros(0, np.int64), empty, empty, empty, empty, empty)
-    cap, host = float(hw.gpu_mem_bytes), float(hw.host_mem_bytes)
+    cap = float(hw.gpu_mem_bytes)
 
     # The peak: reads over the iteration from the peak op, writes over the iteration up to it.
     # Each op gives a bound; that of the op with the most tensor bytes, and that of the op that
@@ -225,8 +233,7 @@ def iteration_bound(problem: PlanProblem, hw: Hardware) -> Bound:
     at = np.unique([int(problem.memory_bytes.argmax()), int(tensors.argmax())])
     reads, _ = _used_bytes(problem, at, at + n - 1)
     _, writes = _used_bytes(problem, at + 1, at + n)
-    peak = max(ideal, float(transfer_us(reads - cap, hw.ssd_read_bw_bytes_per_s, hw.host_bw_bytes_per_s, host).max()),
-               float(transfer_us(writes - cap, hw.ssd_write_bw_bytes_per_s, hw.host_bw_bytes_per_s, host).max()))
+    peak = max(ideal, float(_t_read(reads - cap, hw).max()), float(_t_write(writes - cap, hw).max()))
 
     first = phase_windows(problem)
     compute, reads, writes, transfer, per_window = _windows(problem, hw, first)
@@ -242,7 +249,7 @@ def _windows(problem: PlanProblem, hw: Hardware, first: np.ndarray
     its ops' time, the least it must read back and write out (the most from, and up to, any op of
     it), the least time those hold it, and the least time it takes (NOTE [ Transfer bound ])."""
     n = problem.num_ops
-    cap, host = float(hw.gpu_mem_bytes), float(hw.host_mem_bytes)
+    cap = float(hw.gpu_mem_bytes)
     reads, writes = _used_bytes_per_op(problem, first)
     reads, writes = np.maximum(reads - cap, 0.0), np.maximum(writes - cap, 0.0)
     # Per op k of a window: the compute of its ops before k, and of k and those after.
@@ -251,10 +258,8 @@ def _windows(problem: PlanProblem, hw: Hardware, first: np.ndarray
     ops = np.diff(np.r_[first, n])
     before = np.cumsum(d) - d - np.repeat(np.cumsum(compute) - compute, ops)
     after = np.repeat(compute, ops) - before
-    read_us = np.maximum.reduceat(before + transfer_us(reads, hw.ssd_read_bw_bytes_per_s, hw.host_bw_bytes_per_s,
-                                                       host), first)
-    write_us = np.maximum.reduceat(transfer_us(writes, hw.ssd_write_bw_bytes_per_s, hw.host_bw_bytes_per_s, host)
-                                   + after, first)
+    read_us = np.maximum.reduceat(before + _t_read(reads, hw), first)
+    write_us = np.maximum.reduceat(_t_write(writes, hw) + after, first)
     transfer = np.maximum(read_us, write_us)
     return (compute, np.maximum.reduceat(reads, first), np.maximum.reduceat(writes, first), transfer,
             np.maximum(compute, transfer))

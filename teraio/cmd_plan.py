@@ -439,9 +439,9 @@ def plan(
     first_plan = plan_first(prof, hw)
     job = job_keys(prof, rank_plans) if len(rank_plans) > 1 else None
     # the first iteration every rank's profile kept: past --warmup, and past those it set aside
-    firsts = [int(prof.kernels_of(r)["iteration"].min()) for r in prof.ranks if len(prof.kernels_of(r))]
+    firsts = {r: int(prof.kernels_of(r)["iteration"].min()) for r in prof.ranks if len(prof.kernels_of(r))}
     made_for = {"profile": str(prof.path), "device_type": prof.meta.get("device_type"),
-                "warmup": max(firsts) if firsts else prof.meta.get("warmup")}
+                "warmup": max(firsts.values()) if firsts else prof.meta.get("warmup")}
     doc = build_plan(rank_plans, hw, prof.signature, comparison=comparison,
                      extra_parameters=made_for, first=first_plan, job=job,
                      world_size=int(prof.meta.get("world_size") or len(prof.ranks)),
@@ -449,8 +449,7 @@ def plan(
                      kept_for_good={r: k for r in rank_plans if (k := prof.kept_for_good(r))})
     s = doc.summary
     s.update(ssd_wear(s["bytes_to_ssd"], s["predicted_iteration_us"], ssd_endurance_pbw))
-    _warn_early_on_demand(prof.meta, {r: int(prof.kernels_of(r)["iteration"].min()) for r in prof.ranks
-                                      if len(prof.kernels_of(r))}, s["peak_before_bytes"], hw.gpu_mem_bytes)
+    _warn_early_on_demand(prof.meta, firsts, s["peak_before_bytes"], hw.gpu_mem_bytes)
     if bw_needed:
         slowest = rank_plans[s["rank"]].problem
         s["bw_needed_gb_per_s"] = {}
