@@ -213,7 +213,7 @@ def test_fsdp2_at_its_smallest_budget_does_not_wait_for_a_free_its_own_write_hol
     is thrown away. FSDP2 then drops the buffer, but the finished write still held it until
     drained, and the next all-gather's allocation waited the whole 0.5 s for its free (NOTE
     [ Buffers of collectives in flight ] in runtime.executor), then went over: 1-2.5 s of such
-    waits a rank and followed iterations at 1.28x in 4 of 4 runs; now the wait drains the writes
+    waits a rank and followed iterations at 1.28x in 3 of 3 runs; now the wait drains the writes
     done (5-28 ms of waits a rank in 6 runs)."""
     script = EXAMPLES / "train_gpt_fsdp.py"
     args = ["--vocab", "128", "--hidden", "256", "--heads", "4", "--seq", "16", "--batch", "8", "--layers", "3",
