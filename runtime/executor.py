@@ -816,6 +816,9 @@ class PlanExecutor(OpStream):
     # away as its copy-out needed it again (NOTE [ Writes of a tensor needed again ]) and dropped by
     # FSDP2 since, was waited for the whole 0.5 s, and the iteration went 1.2-1.28x over, in every
     # followed iteration of an FSDP2 job at its smallest budget (found by a sweep of users' habits).
+    # A buffer alive at a boundary with no work of its collective in flight is one the script
+    # keeps, and leaves the set: DDP's gradient bucket, carried from iteration 0 until DDP
+    # rebuilds its buckets in iteration 1, cost every run of accelerate's loop 0.5 s there.
     def _short_of_room(self, index: int) -> int:
         """The bytes op ``index`` allocates where they do not fit and a collective's buffer may
         still be freed (NOTE [ Buffers of collectives in flight ]); else 0."""
@@ -1570,7 +1573,8 @@ class PlanExecutor(OpStream):
         self._offloads_started = self._other_sizes = self._larger = 0
         self._first_other_size = None
         self._busy_before, self._busy = self._busy, set()
-        self._in_collective = {t for t in self._in_collective if self.ids.storage(t) is not None}
+        self._in_collective = {t for t in self._in_collective  # NOTE [ Buffers of collectives in flight ]
+                               if (s := self.ids.storage(t)) is not None and self._in_work(s)}
         self._collective_wait_left = _COLLECTIVE_WAIT_S
         self._works = [(w, refs) for w, refs in self._works if not _done(w)][-_WORKS_KEPT:]
         self._used_at.clear()
