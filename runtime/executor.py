@@ -46,7 +46,6 @@ from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.saves import streamed_save
 from runtime.storage import byte_view, free_storage, realloc_storage
 from torch_patch.opstream import (
-    UNCHECKED_ALIASES,
     OpInfo,
     OpStream,
     holders,
@@ -223,11 +222,6 @@ def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
-# Ops that read none of their tensors' bytes beside the aliases (a deep copy's making of a storage:
-# NOTE [ Left over ])
-_NOT_READING = ("aten.set_", "aten.new_empty", "aten.empty_like")
-
-
 def _check_saved_size(nbytes: int, pickled: int) -> None:
     """NOTE [ Streamed saves ] in runtime.saves: a record of another size than its pickled one."""
     if nbytes != pickled:
@@ -321,7 +315,7 @@ class PlanExecutor(OpStream):
                            if m.tensor_id < PRODUCED_BASE or LONG_BASE <= m.tensor_id < CARRIED_FLAG}
         self._evict_transient = any(m.name is not None for m in moves)  # no writes teraio cannot see
         self._used_at: dict[int, int] = {}
-        self._left_over: dict[int, int] = {}  # NOTE [ Left over ]: made on demand, unused since
+        self._left_over: dict[int, int] = {}  # NOTE [ Left over ]: made on demand
         self._let_go: set[int] = set()  # named at the boundary before, no longer (NOTE [ Left over ])
         self._out_for_good: set[int] = set()  # sent out as left over or let go, and out since (the same)
         self._clock = 0
@@ -379,11 +373,6 @@ class PlanExecutor(OpStream):
             self._forget_works(_done)
         if self.engine.completed:
             self._drain()
-        if self._left_over and not (name in UNCHECKED_ALIASES or name.startswith(_NOT_READING)):  # NOTE [ Left over ]
-            copying = name == "aten.copy_.default"
-            for tid, _, written in inputs:
-                if not (copying and written):
-                    self._left_over.pop(tid, None)
         if schedule is not None:
             for m in schedule.triggers.get(index, ()):
                 self._start(m)
@@ -438,8 +427,6 @@ class PlanExecutor(OpStream):
                 continue
             tid = self.ids.get(storage)
             entry = self.moved.get(tid) if tid is not None else None
-            if tid is not None:
-                self._left_over.pop(tid, None)
             if tid is not None and entry is not None:
                 self._make_resident(tid, entry)
             if tid is not None and tid in self.copies:
@@ -1667,10 +1654,13 @@ class PlanExecutor(OpStream):
     # on unused, unknown to the plan: the best weights so far, copied when the validation loss
     # improves. A plan has such copies out (NOTE [ Untouched storages ] in profiles.views), and
     # counts no room for them; a new one was left in memory, 1.62x over the budget in every
-    # iteration after. So at the boundary after such an iteration, a storage it made that no op
-    # has read since (64 KiB or more, of the budget's device, not named nor the plan's) goes out
-    # with the plan's. A deep copy makes its storages outside any op, then fills them (``set_``,
-    # the destination of ``copy_``, aliases): none of those reads them. So does a storage whose
+    # iteration after. So at the boundary after such an iteration, a storage it made that is still
+    # alive (64 KiB or more, of the budget's device, not named nor the plan's) goes out with the
+    # plan's, whether ops read it since or not: a pipeline stage keeps the activations of
+    # ``schedule.eval()``'s forward passes, which the passes read and no backward frees, until its
+    # next step; the last stage's iterations after an evaluation went 2.81x over the budget. One
+    # an op reads later comes back for it (a fault). A deep copy's storages, made outside any op,
+    # count as made. So does a storage whose
     # name was let go at the boundary (NOTE [ Names let go ] in torch_patch.opstream), whatever
     # the iteration before did: a first model's weights kept as a state dict while a second model
     # trains went on in memory beside the second's, whose iterations followed the plan at 1.36x its

@@ -1472,9 +1472,35 @@ def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(read: b
     assert late.stats.steady_stalls["collective"][1] > 0.2 * 3
 
 
+def test_an_evaluations_graph_the_script_keeps_goes_out_though_its_ops_read_it(plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ Left over ]: an evaluation without ``no_grad`` whose output the script keeps keeps
+    the activations its graph saved, which its later ops read as it ran (a pipeline stage keeps
+    ``schedule.eval()``'s so). The boundary after it sends them out with the plan's: they were
+    left in, as read since made, and every later iteration went over the budget by them (the
+    last stage of a pipeline at 2.81x)."""
+    kept: list[torch.Tensor] = []
+
+    def evaluate(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        if step == 2:
+            kept.append(model(torch.randn(256, 32, generator=torch.Generator().manual_seed(7))))
+
+    expected = train(6)
+    with offload(plan, swap_dir=tmp_path) as plain:
+        assert same(train(6), expected)
+    budget = max(plain.stats.iteration_peak_bytes[1:])
+    plan = dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget})
+    with offload(plan, swap_dir=tmp_path) as ex:
+        assert same(train(6, save_at=evaluate), expected)
+    assert ex.stats.iteration_followed[1:] == [True, False, True, True, True]
+    assert kept[0].grad_fn is not None
+    # (the evaluation's input and output, under 64 KiB, stay in)
+    assert max(ex.stats.iteration_peak_bytes[3:]) <= budget * 1.05, (ex.stats.iteration_peak_bytes, budget)
+
+
 def kept_bucket_train(steps: int, keep: bool) -> tuple[list[float], list[torch.Tensor]]:
     """``train``'s model; with ``keep``, a 1 MiB buffer all-reduced in the first step (a group
-    of one) is kept to the end, as DDP keeps its first gradient bucket until it rebuilds them."""
+    of one) is kept to the end, as DDP keeps its first gradient bucket until it rebuilds them
+    (numpy's memory, which teraio cannot send out as left over: NOTE [ Left over ])."""
     import torch.distributed as dist
 
     model, opt, gen = mlp_and_data()
@@ -1482,7 +1508,7 @@ def kept_bucket_train(steps: int, keep: bool) -> tuple[list[float], list[torch.T
     for step in range(steps):
         loss = model(torch.randn(64, 32, generator=gen)).square().mean()
         if keep and step == 0:
-            kept.append(torch.full((1 << 18,), loss.item()))
+            kept.append(torch.from_numpy(np.full(1 << 18, loss.item(), dtype=np.float32)))
             dist.all_reduce(kept[-1])
         opt.zero_grad()
         loss.backward()
