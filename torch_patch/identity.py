@@ -119,8 +119,13 @@ def persistent_names(
                 add(pname, "param", p)
                 state = opt.state.get(p, {})
                 for key in sorted(state, key=str):
-                    if isinstance(state[key], torch.Tensor):
-                        add(f"{pname}.{key}", "optimizer_state", state[key])
+                    value = state[key]
+                    if isinstance(value, torch.Tensor):
+                        add(f"{pname}.{key}", "optimizer_state", value)
+                    elif isinstance(value, (list, tuple)):  # a rolling history: by its place
+                        for i, item in enumerate(value):
+                            if isinstance(item, torch.Tensor):
+                                add(f"{pname}.{key}.{i}", "optimizer_state", item)
                 if p.grad is not None:
                     add(f"{pname}.grad", "grad", p.grad)
     return out, param_names

@@ -186,6 +186,20 @@ def test_a_snapshot_kept_and_sent_out_stays_out_after_an_evaluation(tmp_path: Pa
     assert_within_budget(teraio)
 
 
+def test_lbfgs_rolling_history_is_named_by_place_and_holds_the_budget(tmp_path: Path) -> None:
+    """L-BFGS keeps its last steps' directions in lists that roll over every step. Numbered as
+    long-lived storages as they came, no two steps' entries had the plan's ids, and iterations
+    followed the plan at 1.22-1.47x, profiled past the history filling; named by their place in
+    the list (``torch_patch.identity.persistent_names``), the i-th oldest entry is the plan's."""
+    plain, teraio = compare(SCRIPTS / "lbfgs.py", [], tmp_path, share="min", profile_opts=("--warmup", "4"))
+    assert_identical(plain, teraio)
+    assert teraio.report is not None and teraio.report["iteration_followed"][4:] == [True] * 5
+    peaks = teraio.report["iteration_peak_bytes"]
+    assert max(peaks[4:]) <= teraio.budget * 1.05, (teraio.budget, peaks)  # 2 and 3: the history still grows
+    names = set(pq.read_table(tmp_path / "teraio" / "profile" / "tensors.parquet").to_pandas()["name"].dropna())
+    assert {"0.weight.old_dirs.3", "0.weight.old_stps.3"} <= names
+
+
 def test_after_an_evaluation_a_bank_made_before_the_loop_goes_out_again(tmp_path: Path) -> None:
     """The iteration with the evaluation runs on demand; at the boundary after it, the bank the
     plan has out is found by its long id and sent out (NOTE [ Boundaries ] in runtime.boundary),
