@@ -1561,7 +1561,7 @@ class PlanExecutor(OpStream):
         self._first_other_size = None
         self._busy_before, self._busy = self._busy, set()
         self._in_collective = {t for t in self._in_collective  # NOTE [ Buffers of collectives in flight ]
-                               if (s := self.ids.storage(t)) is not None and self._in_work(s)}
+                               if (st := self.ids.storage(t)) is not None and self._in_work(st)}
         self._collective_wait_left = _COLLECTIVE_WAIT_S
         self._works = [(w, refs) for w, refs in self._works if not _done(w)][-_WORKS_KEPT:]
         self._used_at.clear()
