@@ -100,7 +100,7 @@ class Boundary:
 def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, int],
                 names: Mapping[str, int], live_bytes: Callable[[int], int | None],
                 out: Collection[int], after_first: bool = False, iteration: int | None = None,
-                names_moved: bool = False) -> Boundary:
+                names_moved: bool = False, made_anew: Mapping[int, int] | None = None) -> Boundary:
     """The boundary before an iteration that follows the steady plan of ``rank``.
 
     ``renamed``: old id -> new id of every storage renamed at this boundary;
@@ -109,13 +109,17 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
     are offloaded or on their way out; ``after_first``: the iteration that ended is 0;
     ``iteration``: the one that begins; ``names_moved``: names were let go at this boundary (a
     model trained after another took them: NOTE [ Late roots ] in torch_patch.opstream), so the
-    named storages are not those the plan's moves sent out in a followed iteration that ended.
+    named storages are not those the plan's moves sent out in a followed iteration that ended;
+    ``made_anew``: plan id -> id now of the storages that took the parts of the plan's that died
+    (NOTE [ Made anew ] in runtime.executor).
     """
     kept = plan.kept_for_good.get(rank, {}).get(iteration) if iteration is not None else None
     kept_for_good = _of_its_size(plan, rank, kept, live_bytes) if kept else {}
+    anew = dict(made_anew or {})
     if ending is Ending.STEADY and not names_moved:
-        return Boundary({old: new for old, new in renamed.items() if old >= PRODUCED_BASE} | kept_for_good, (), ())
-    plan_ids: dict[int, int] = dict(kept_for_good)
+        return Boundary({old: new for old, new in renamed.items() if old >= PRODUCED_BASE} | anew | kept_for_good,
+                        (), ())
+    plan_ids: dict[int, int] = anew | kept_for_good
     if ending is Ending.STEADY:  # names moved: the transient storages are where the plan has them
         plan_ids |= {old: new for old, new in renamed.items() if old >= PRODUCED_BASE
                      and not LONG_BASE <= old < CARRIED_FLAG}

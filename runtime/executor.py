@@ -245,6 +245,13 @@ def _done(work: Any) -> bool:
         return True
 
 
+def _replaceable(tid: int) -> bool:
+    """Whether the plan's ``tid`` may name a storage the script made anew (NOTE [ Made anew ]):
+    a long-lived id, or a carried one."""
+    bare = tid & ~CARRIED_FLAG
+    return LONG_BASE <= bare or bool(tid & CARRIED_FLAG) and PRODUCED_BASE <= bare < INPUT_BASE
+
+
 def _memory_of(storage: torch.UntypedStorage) -> int:
     """The bytes ``storage`` holds: none on the meta device (as the tracer counts it)."""
     return 0 if storage.device.type == "meta" else storage.nbytes()
@@ -317,6 +324,13 @@ class PlanExecutor(OpStream):
         self._used_at: dict[int, int] = {}
         self._left_over: dict[int, int] = {}  # NOTE [ Left over ]: made on demand
         self._let_go: set[int] = set()  # named at the boundary before, no longer (NOTE [ Left over ])
+        # NOTE [ Made anew ]: plan id -> id now of its successor; the ops whose accesses find one
+        self._made_anew: dict[int, int] = {}
+        self._watched = {m.period_start_op % max(1, self.steady.num_ops) for m in moves
+                         if m.action == "offload" and _replaceable(m.tensor_id)}
+        self._accessed: dict[int, tuple[int, ...]] = {}  # watched op -> the ids it last read or made
+        self._plan_tids = frozenset(m.tensor_id for m in moves)
+        self._known_now: set[int] | None = None  # the ids the plan's are now (once asked)
         self._out_for_good: set[int] = set()  # sent out as left over or let go, and out since (the same)
         self._clock = 0
         self._busy: set[int] = set()  # used by a collective in this iteration
@@ -461,6 +475,8 @@ class PlanExecutor(OpStream):
             return
         stats = self.stats
         sizes = self.sizes
+        if index in self._watched and self.schedule is self.steady:  # NOTE [ Made anew ]
+            self._accessed[index] = tuple(t for t, _, _ in inputs) + tuple(t for t, _, _ in outputs)
         if self.hold_on_demand and leaves_in_flight(info.name):  # a functional collective's result:
             self._busy.update(tid for tid, _, _ in outputs)  # written until an op waits for it
         for tid, t, new in outputs:
@@ -545,6 +561,8 @@ class PlanExecutor(OpStream):
             if storage is None and tid in self.plan_ids:
                 tid = self.plan_ids[tid]
                 storage = self.ids.storage(tid)
+            if storage is None and (successor := self._successor(m)) is not None:
+                tid, storage = successor
             self._settle_kept(tid)
             if storage is None or tid in self.moved:
                 return
@@ -574,6 +592,33 @@ class PlanExecutor(OpStream):
         elif entry.state in (Residency.SSD, Residency.HOST):
             entry.keep_for_reuse = m.keep_copy and self.reuse_copies
             self._fetch(tid, entry, m.urgent, priority=m.priority)
+
+    # NOTE [ Made anew ]: a script may replace a storage that lives across steps by a new one of
+    # its size, and keep using the new one as it did the old: a pipeline stage makes its buffers
+    # anew for ``schedule.eval()``. The plan's id for it then names nothing (a long-lived id
+    # dead, or a carried one after an iteration run on demand, whose ids mean nothing to the
+    # plan), its moves found nothing, and the new storage, unknown to the plan, stayed in memory
+    # (both stages of a pipeline 1.03-1.09x over the budget in every iteration after an
+    # evaluation, after NOTE [ Left over ] had sent it out at the boundary and its next use
+    # brought it back). So where an offload of such an id finds no storage, the storage its
+    # period's first op (the last to use it) read or made in the plan's place takes its part: one
+    # of its size, not the plan's, with no name. It keeps the part from then on, renamed with
+    # the rest at each boundary, until it dies.
+    def _successor(self, m: Migration) -> tuple[int, torch.UntypedStorage] | None:
+        """The id and storage that take the part of ``m``'s, which names nothing (NOTE [ Made anew ])."""
+        if self.schedule is not self.steady or not _replaceable(m.tensor_id):
+            return None
+        if self._known_now is None:
+            self._known_now = set(self.plan_ids.values()) | self._plan_tids | set(self._made_anew.values())
+        for tid in self._accessed.get(m.period_start_op % self.steady.num_ops, ()):
+            storage = self.ids.storage(tid)
+            if (tid < PRODUCED_BASE or tid in self._known_now or tid in self.moved or storage is None
+                    or storage.nbytes() != m.size_bytes or not self.movable(storage)):
+                continue
+            self._made_anew[m.tensor_id] = self.plan_ids[m.tensor_id] = tid
+            self._known_now.add(tid)
+            return tid, storage
+        return None
 
     # ---- transfers ---------------------------------------------------------------
     def _describe(self, tid: int, name: str | None = None) -> str:
@@ -1536,6 +1581,8 @@ class PlanExecutor(OpStream):
         self.moved = {new_ids.get(t, t): e for t, e in self.moved.items()}
         self.copies = {new_ids.get(t, t): e for t, e in self.copies.items()}
         self._left_over = {new_ids.get(t, t): n for t, n in self._left_over.items()}
+        self._made_anew = {p: new_ids.get(t, t) for p, t in self._made_anew.items()}
+        self._accessed = {i: tuple(new_ids.get(t, t) for t in ids) for i, ids in self._accessed.items()}
         self._out_for_good = {new_ids.get(t, t) for t in self._out_for_good}
         self._let_go = {new for old, new in new_ids.items()  # a name let go (NOTE [ Left over ])
                         if old < PRODUCED_BASE and LONG_BASE <= new < CARRIED_FLAG}
@@ -1619,12 +1666,15 @@ class PlanExecutor(OpStream):
         # iteration that ended: they are put where the plan has them. Without it, the second model's
         # weights stayed in, 1.155x over in the iteration after the switch, with some of the
         # machine's measured copy costs.
+        self._made_anew = {p: t for p, t in self._made_anew.items() if self.ids.storage(t) is not None}
         boundary = at_boundary(
             self.plan, self.rank, self._ending, renamed=self._renamed, names=self._named,
             live_bytes=self._live_bytes,
             out={t for t, e in self.moved.items() if not e.touched and e.state is not Residency.FETCHING},
-            after_first=self.iteration == 1, iteration=self.iteration, names_moved=bool(self._let_go))
+            after_first=self.iteration == 1, iteration=self.iteration, names_moved=bool(self._let_go),
+            made_anew=self._made_anew)
         self.plan_ids = boundary.plan_ids
+        self._known_now = None
         self.schedule = self.steady
         self._sent_again.clear()  # ``_again`` was emptied as the iteration ended
         self._held_back.clear()  # what the plan has out differs from here
