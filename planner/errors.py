@@ -7,18 +7,22 @@ from profiles.errors import TeraioError
 __all__ = ["InfeasibleBudgetError", "JobGraphError", "PlanFormatError"]
 
 
+def _readable(n: int) -> str:
+    """``n`` bytes in GiB, or in MiB below one GiB (a CPU profile's "0.00 GiB" said nothing)."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
 class InfeasibleBudgetError(TeraioError, ValueError):
     """The device capacity is below what one op needs resident at once: no plan can fit."""
 
     def __init__(self, op_index: int, op_name: str, need_bytes: int, active_bytes: int,
                  capacity_bytes: int, scratch_bytes: int = 0) -> None:
-        gib = 1 << 30
         inside = f", {scratch_bytes:,} it allocates inside itself" if scratch_bytes else ""
         super().__init__(
-            f"op {op_index} ({op_name}) needs {need_bytes:,} bytes ({need_bytes / gib:.2f} GiB) "
+            f"op {op_index} ({op_name}) needs {need_bytes:,} bytes ({_readable(need_bytes)}) "
             f"resident at once ({active_bytes:,} bytes of its own inputs and outputs{inside}, the rest "
             f"tensors that are never idle there or that cannot move), more than the capacity {capacity_bytes:,} bytes "
-            f"({capacity_bytes / gib:.2f} GiB); the smallest capacity any plan can meet is {need_bytes:,} "
+            f"({_readable(capacity_bytes)}); the smallest capacity any plan can meet is {need_bytes:,} "
             f"bytes: raise --gpu-mem to that (`--gpu-mem min` plans at it) or shrink the batch"
         )
         self.op_index = op_index

@@ -33,7 +33,9 @@ def _causes(steady: dict[str, list[float]] | None) -> str:
     return "; from iteration 1: " + ", ".join(f"{cause} {n:.0f} ({t * 1e3:,.1f} ms)" for cause, (n, t) in by_time)
 
 
-def _summary(r: dict[str, Any]) -> str:
+def _summary(r: dict[str, Any], profiled_from: int = 1) -> str:
+    """The run's summary lines; ``profiled_from``: the first iteration the plan's profile kept (those
+    before it may differ from the plan's, as the profile expected)."""
     pred = r["predicted"] or {}
     lines = [
         f"peak tracked memory {_mib(r['peak_tracked_bytes'])} from iteration 1 (predicted "
@@ -61,7 +63,7 @@ def _summary(r: dict[str, Any]) -> str:
             if budget and worst > _OVER * budget else "")
         lines.append(f"iterations that ran on demand (their ops left the plan): {its}; the peak above "
                      f"is that of the iterations that followed it{above_budget}")
-        unfollowed = {u["iteration"] for u in r["unfollowed_iterations"]}
+        unfollowed = {u["iteration"] for u in r["unfollowed_iterations"] if u["iteration"] >= profiled_from}
         n = since = len(r["iteration_followed"])
         while since > 1 and since - 1 in unfollowed:
             since -= 1
@@ -240,7 +242,7 @@ def run(
     except (RuntimeError, OSError) as exc:
         fail(str(exc), EXIT_FAILED)
     r = run_report(out["executor"], run_plan, time.perf_counter() - t0)
-    print(_summary(r), file=sys.stderr)
+    print(_summary(r, run_plan.profiled_from), file=sys.stderr)
     if report is None:
         return
     if world_size == 1:
