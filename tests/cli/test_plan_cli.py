@@ -278,3 +278,23 @@ def test_scratch_is_shown_planned_for_and_in_the_share_of_the_peak(tmp_path: Pat
     assert s["max_scratch_bytes"] == 1 << 30 and s["peak_after_bytes"] <= peak // 2
     assert s["peak_tracked_after_bytes"] <= s["peak_after_bytes"]
     assert plan.made_bytes[0][k] >= 1 << 30  # the runtime makes room for it (NOTE [ Room ])
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_iterations_set_aside_are_named_with_their_likely_cause(world_size: int,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`teraio plan` warns of iterations the profile set aside, which run on demand: DDP's bucket
+    rebuild is named only for a job, and iterations set aside after the first kept one (a barrier
+    every other step, from a sweep) are named too, since each such step of the run will do the same."""
+    from teraio.cmd_plan import _warn_early_on_demand
+
+    meta = {"world_size": world_size, "skipped_iterations": [
+        {"iteration": i, "reason": f"op 5 is aten.mul.Tensor, not aten.add.Tensor (step {i})", "rank": 0}
+        for i in (1, 3)]}
+    _warn_early_on_demand(meta, {0: 2}, peak=400, budget=100)
+    said = capsys.readouterr().err
+    assert "warning: iteration 1 differed from the profiled ones (op 5" in said
+    assert ("DDP's second step" in said) == (world_size > 1)
+    assert "so did iteration 3 after the first kept one" in said and "--hold-on-demand" in said
+    _warn_early_on_demand(meta, {0: 2}, peak=104, budget=100)  # within 5% of the budget: nothing to say
+    assert capsys.readouterr().err == ""

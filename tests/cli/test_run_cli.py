@@ -343,6 +343,10 @@ def test_a_run_whose_steps_changed_after_the_profiled_ones_says_to_profile_past_
     # evaluations at steps 20 and 40, then a change from 60 on (a review): a change still
     assert "every iteration from 60 on" in _summary(report([20, 40, *range(60, 100)], 100))
     assert "every iteration from 8 on" in _summary(report([1, 5, 8, 9, 10, 11], 12))
+    # profiled with --warmup 4, as advised: the iterations before the profile's first kept one differ
+    # from the plan's as the profile expected, and the hint said the steps vary (a sweep's s09)
+    assert "here and there" in _summary(report([1, 2, 3, 6], 9))
+    assert "here and there" not in _summary(report([1, 2, 3, 6], 9), profiled_from=4)
 
 
 TWO_TENSOR = """
