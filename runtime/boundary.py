@@ -33,7 +33,10 @@ id in ``plan_ids``, which maps it to the storage's id now:
 - after an iteration run on demand: gradients by their names, and long-lived
   storages by their long ids, which every iteration gives them alike (a feature
   bank made before the loop; left unmapped, the bank the plan has out stayed in,
-  and the iteration after an evaluation went 1.72x over its budget); its other
+  and the iteration after an evaluation went 1.72x over its budget); and what
+  it carries that it made before it left the plan, whose ids are the plan's
+  (left in, a step of PCGrad whose branch the data decides carried its
+  gradients' concatenations into a followed one at 1.06x); its other
   transient ids mean nothing to the plan;
 - and before each iteration from 2 to the profile's first kept one, whatever
   came before: the storages the iteration before made and kept for good (DDP's
@@ -51,7 +54,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from planner.plan import Migration, Plan
-from profiles.ids import CARRIED_FLAG, LONG_BASE, PRODUCED_BASE
+from profiles.ids import CARRIED_FLAG, INPUT_BASE, LONG_BASE, PRODUCED_BASE, produced_op
 
 __all__ = ["Boundary", "Ending", "Schedule", "at_boundary"]
 
@@ -100,7 +103,8 @@ class Boundary:
 def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, int],
                 names: Mapping[str, int], live_bytes: Callable[[int], int | None],
                 out: Collection[int], after_first: bool = False, iteration: int | None = None,
-                names_moved: bool = False, made_anew: Mapping[int, int] | None = None) -> Boundary:
+                names_moved: bool = False, made_anew: Mapping[int, int] | None = None,
+                followed_to: int = 0) -> Boundary:
     """The boundary before an iteration that follows the steady plan of ``rank``.
 
     ``renamed``: old id -> new id of every storage renamed at this boundary;
@@ -111,7 +115,8 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
     model trained after another took them: NOTE [ Late roots ] in torch_patch.opstream), so the
     named storages are not those the plan's moves sent out in a followed iteration that ended;
     ``made_anew``: plan id -> id now of the storages that took the parts of the plan's that died
-    (NOTE [ Made anew ] in runtime.executor).
+    (NOTE [ Made anew ] in runtime.executor); ``followed_to``: the ops of the steady plan an
+    iteration run on demand ran before it left it, whose storages have the plan's ids.
     """
     kept = plan.kept_for_good.get(rank, {}).get(iteration) if iteration is not None else None
     kept_for_good = _of_its_size(plan, rank, kept, live_bytes) if kept else {}
@@ -126,7 +131,10 @@ def at_boundary(plan: Plan, rank: int, ending: Ending, *, renamed: Mapping[int, 
     elif ending is Ending.FIRST and plan.first is not None:
         for steady, made in plan.first.carried_into_next.get(rank, {}).items():
             plan_ids[steady] = plan_ids[steady | CARRIED_FLAG] = made
-    elif after_first and plan.first is not None:
+    elif ending is Ending.ON_DEMAND and followed_to:  # made before it left the plan: the plan's ids
+        plan_ids |= {old: new for old, new in renamed.items()
+                     if PRODUCED_BASE <= old < INPUT_BASE and produced_op(old) < followed_to}
+    if after_first and ending is not Ending.FIRST and plan.first is not None:
         # Iteration 0 ran on demand, so its transient ids may not be the profile's; but a storage
         # kept for good has no other name in iteration 1 than its flagged one (before, iteration 1
         # went 1.55x over its budget with the data set it could not find).

@@ -326,6 +326,7 @@ class PlanExecutor(OpStream):
         self._let_go: set[int] = set()  # named at the boundary before, no longer (NOTE [ Left over ])
         # NOTE [ Made anew ]: plan id -> id now of its successor; the ops whose accesses find one
         self._made_anew: dict[int, int] = {}
+        self._followed_to = 0  # the ops of the steady plan the iteration ran before it left it
         self._watched = {m.period_start_op % max(1, self.steady.num_ops) for m in moves
                          if m.action == "offload" and _replaceable(m.tensor_id)}
         self._accessed: dict[int, tuple[int, ...]] = {}  # watched op -> the ids it last read or made
@@ -538,6 +539,7 @@ class PlanExecutor(OpStream):
     # of a named storage finds it by its name (``_named``, at each boundary), at the boundary too.
     def _leave(self, where: str) -> None:
         """Run the rest of this iteration on demand (NOTE [ Boundaries ] in runtime.boundary)."""
+        self._followed_to = self.op_index - 1 if self.schedule is self.steady else 0  # (the op leaving it has begun)
         self.schedule = None
         self._drop_copies()  # kept copies hold host memory no plan now counts
         for entry in self.moved.values():  # nor do those of reads in flight
@@ -1672,7 +1674,8 @@ class PlanExecutor(OpStream):
             live_bytes=self._live_bytes,
             out={t for t, e in self.moved.items() if not e.touched and e.state is not Residency.FETCHING},
             after_first=self.iteration == 1, iteration=self.iteration, names_moved=bool(self._let_go),
-            made_anew=self._made_anew)
+            made_anew=self._made_anew, followed_to=self._followed_to)
+        self._followed_to = 0
         self.plan_ids = boundary.plan_ids
         self._known_now = None
         self.schedule = self.steady

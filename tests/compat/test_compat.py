@@ -200,6 +200,18 @@ def test_lbfgs_rolling_history_is_named_by_place_and_holds_the_budget(tmp_path: 
     assert {"0.weight.old_dirs.3", "0.weight.old_stps.3"} <= names
 
 
+def test_what_a_step_left_on_demand_late_carries_goes_out_as_the_plan_has_it(tmp_path: Path) -> None:
+    """PCGrad takes a branch the data decides late in a step, so steps 1-4 leave the plan there
+    and run the rest on demand; what such a step made before it left and carries into the next
+    (last step's gradient lists) has the plan's ids, and goes out at the boundary where the plan
+    has it out (NOTE [ Boundaries ] in runtime.boundary): left in, the followed step after went
+    over the budget (1.057x)."""
+    plain, teraio = compare(SCRIPTS / "pcgrad.py", [], tmp_path, share="min")
+    assert_identical(plain, teraio)
+    assert teraio.report is not None and [u["iteration"] for u in teraio.report["unfollowed_iterations"]]
+    assert_within_budget(teraio)
+
+
 def test_after_an_evaluation_a_bank_made_before_the_loop_goes_out_again(tmp_path: Path) -> None:
     """The iteration with the evaluation runs on demand; at the boundary after it, the bank the
     plan has out is found by its long id and sent out (NOTE [ Boundaries ] in runtime.boundary),
