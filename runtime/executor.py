@@ -337,6 +337,7 @@ class PlanExecutor(OpStream):
         self._busy: set[int] = set()  # used by a collective in this iteration
         self._busy_before: set[int] = set()  # and in the one before (renamed at the boundary)
         self._in_collective: set[int] = set()  # made in an iteration, used by a collective since
+        self._held_on: set[int] = set()  # of those, ids waited for in vain (NOTE [ Buffers of collectives in flight ])
         # NOTE [ Collectives a script waits for ]: c10d's works not known done, and their storages
         self._works: list[tuple[Any, list[weakref.ref[torch.UntypedStorage]]]] = []
         self._named: dict[str, int] = {}  # persistent name -> its id in this iteration (NOTE [ Named by position ])
@@ -850,6 +851,10 @@ class PlanExecutor(OpStream):
     # away as its copy-out needed it again (NOTE [ Writes of a tensor needed again ]) and dropped by
     # FSDP2 since, was waited for the whole 0.5 s, and the iteration went 1.2-1.28x over, in every
     # followed iteration of an FSDP2 job at its smallest budget (found by a sweep of users' habits).
+    # A buffer waited for in vain until the wait's time ran out is one the script holds, and the
+    # buffers its op makes in the iterations after (the same id) are not waited for again: a
+    # pipeline stage keeps its send buffers for its backward pass, and its last stage, 3 KiB
+    # over the budget after an evaluation, waited 0.5 s in every iteration after.
     # A buffer alive at a boundary with no work of its collective in flight is one the script
     # keeps, and leaves the set: DDP's gradient bucket, carried from iteration 0 until DDP
     # rebuilds its buckets in iteration 1, cost every run of accelerate's loop 0.5 s there.
@@ -876,11 +881,13 @@ class PlanExecutor(OpStream):
             if not self.ids.drain_here() or (over := self.stats.tracked_bytes + nbytes - schedule.budget_bytes) <= 0:
                 break
             self._in_collective = {t for t in self._in_collective if self._bytes_in_memory(t)}
-            if sum(self.sizes.get(t, 0) for t in self._in_collective) < over:  # their frees would not do
+            awaited = [t for t in self._in_collective if t not in self._held_on]
+            if sum(self.sizes.get(t, 0) for t in awaited) < over:  # their frees would not do
                 break
             waited = True
             left = deadline - time.perf_counter()
-            if left <= 0:
+            if left <= 0:  # none came: the script holds them, here and in the iterations after
+                self._held_on.update(awaited)
                 break
             self.ids.await_free(min(left, _COLLECTIVE_POLL_S))  # then drain the writes done meanwhile
         if waited:
