@@ -379,7 +379,7 @@ class PlanExecutor(OpStream):
         schedule = self.schedule
         if schedule is not None and (index >= schedule.num_ops or schedule.op_names[index] != name):
             expected = schedule.op_names[index] if index < schedule.num_ops else "the end of the iteration"
-            self._leave(f"op {index}: ran {name}, the plan expects {expected}")
+            self._leave(f"op {index}: ran {name}, the plan expects {expected}", index)
             schedule = None
         if self._writing and schedule is None:  # NOTE [ Streamed saves ]: its copies' ops, on demand:
             return  # nothing freed under them (a write finished), nor brought back
@@ -477,6 +477,11 @@ class PlanExecutor(OpStream):
             return
         stats = self.stats
         sizes = self.sizes
+        if self._left_over and leaves_in_flight(info.name) and not info.name.startswith("c10d."):
+            # a functional collective's input or result, read or written until waited for: not left
+            # over (c10d's ops give a ``Work``, whose tensors ``_offload`` holds while it runs)
+            for tid, _, _ in inputs + outputs:
+                self._left_over.pop(tid, None)
         if index in self._watched and self.schedule is self.steady:  # NOTE [ Made anew ]
             self._accessed[index] = tuple(t for t, _, _ in inputs) + tuple(t for t, _, _ in outputs)
         if self.hold_on_demand and leaves_in_flight(info.name):  # a functional collective's result:
@@ -538,9 +543,10 @@ class PlanExecutor(OpStream):
     # two boundaries: the plan's ids then named other tensors, its moves of the later Adam states
     # were left out, and those iterations followed the plan at 1.25x its budget. So a planned move
     # of a named storage finds it by its name (``_named``, at each boundary), at the boundary too.
-    def _leave(self, where: str) -> None:
-        """Run the rest of this iteration on demand (NOTE [ Boundaries ] in runtime.boundary)."""
-        self._followed_to = self.op_index - 1 if self.schedule is self.steady else 0  # (the op leaving it has begun)
+    def _leave(self, where: str, ops_followed: int) -> None:
+        """Run the rest of this iteration on demand (NOTE [ Boundaries ] in runtime.boundary), its
+        first ``ops_followed`` ops having followed the plan."""
+        self._followed_to = ops_followed if self.schedule is self.steady else 0
         self.schedule = None
         self._drop_copies()  # kept copies hold host memory no plan now counts
         for entry in self.moved.values():  # nor do those of reads in flight
@@ -605,8 +611,9 @@ class PlanExecutor(OpStream):
     # evaluation, after NOTE [ Left over ] had sent it out at the boundary and its next use
     # brought it back). So where an offload of such an id finds no storage, the storage its
     # period's first op (the last to use it) read or made in the plan's place takes its part: one
-    # of its size, not the plan's, with no name. It keeps the part from then on, renamed with
-    # the rest at each boundary, until it dies.
+    # of its size, not the plan's, with no name, that lived across a boundary (a carried or
+    # long-lived id), on the budget's device. It keeps a long-lived one's part from then on,
+    # renamed with the rest at each boundary, until it dies; a carried one's, this iteration.
     def _successor(self, m: Migration) -> tuple[int, torch.UntypedStorage] | None:
         """The id and storage that take the part of ``m``'s, which names nothing (NOTE [ Made anew ])."""
         if self.schedule is not self.steady or not _replaceable(m.tensor_id):
@@ -615,8 +622,9 @@ class PlanExecutor(OpStream):
             self._known_now = set(self.plan_ids.values()) | self._plan_tids | set(self._made_anew.values())
         for tid in self._accessed.get(m.period_start_op % self.steady.num_ops, ()):
             storage = self.ids.storage(tid)
-            if (tid < PRODUCED_BASE or tid in self._known_now or tid in self.moved or storage is None
-                    or storage.nbytes() != m.size_bytes or not self.movable(storage)):
+            if (not (tid & CARRIED_FLAG or LONG_BASE <= tid) or tid in self._known_now or tid in self.moved
+                    or storage is None or storage.nbytes() != m.size_bytes or storage.device.type != self._device
+                    or not self.movable(storage)):
                 continue
             self._made_anew[m.tensor_id] = self.plan_ids[m.tensor_id] = tid
             self._known_now.add(tid)
@@ -1603,11 +1611,11 @@ class PlanExecutor(OpStream):
     def end_iteration(self) -> None:
         schedule = self.schedule
         if schedule is not None and self.op_index != schedule.num_ops:
-            self._leave(f"{self.op_index} ops, the plan expects {schedule.num_ops}")
+            self._leave(f"{self.op_index} ops, the plan expects {schedule.num_ops}", self.op_index)
             schedule = None
         elif schedule is not None and self._other_sizes > self._offloads_started:
             self._leave(f"{self._first_other_size} (and {self._other_sizes - 1} more tensors not the "
-                        "plan's: other sizes or names)")
+                        "plan's: other sizes or names)", self.op_index)
             schedule = None
         if self._again:  # the last op used them: no later op sends them (NOTE [ Ops on a tensor going out ])
             self._send_again("the boundary", [])
@@ -1675,7 +1683,8 @@ class PlanExecutor(OpStream):
         # iteration that ended: they are put where the plan has them. Without it, the second model's
         # weights stayed in, 1.155x over in the iteration after the switch, with some of the
         # machine's measured copy costs.
-        self._made_anew = {p: t for p, t in self._made_anew.items() if self.ids.storage(t) is not None}
+        self._made_anew = {p: t for p, t in self._made_anew.items()  # a carried part lasts one iteration
+                           if not p & CARRIED_FLAG and self.ids.storage(t) is not None}
         boundary = at_boundary(
             self.plan, self.rank, self._ending, renamed=self._renamed, names=self._named,
             live_bytes=self._live_bytes,
@@ -1719,8 +1728,9 @@ class PlanExecutor(OpStream):
     # plan's, whether ops read it since or not: a pipeline stage keeps the activations of
     # ``schedule.eval()``'s forward passes, which the passes read and no backward frees, until its
     # next step; the last stage's iterations after an evaluation went 2.81x over the budget. One
-    # an op reads later comes back for it (a fault). A deep copy's storages, made outside any op,
-    # count as made. So does a storage whose
+    # an op reads later comes back for it (a fault). A functional collective's input or result is
+    # not (a backend may write or read it until it is waited for). A deep copy's storages, made outside
+    # any op, count as made. So does a storage whose
     # name was let go at the boundary (NOTE [ Names let go ] in torch_patch.opstream), whatever
     # the iteration before did: a first model's weights kept as a state dict while a second model
     # trains went on in memory beside the second's, whose iterations followed the plan at 1.36x its
