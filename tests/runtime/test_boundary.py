@@ -72,6 +72,38 @@ def test_after_an_iteration_on_demand_the_plans_memory_is_restored() -> None:
     assert b.bring_back == (11,)
 
 
+def test_what_an_iteration_carries_from_before_it_left_the_plan_has_the_plans_ids() -> None:
+    """An iteration that left the plan at op 3 made the batch (op 1) as the plan did: it goes out
+    where the plan has it out; one that left at op 1 made it on demand, whose id means nothing."""
+    live = {STATE: 100, 3: 100, BATCH | CARRIED_FLAG: 40}
+    renamed = {BATCH: BATCH | CARRIED_FLAG, GRAD: 3}
+    b = at_boundary(plan(), 0, Ending.ON_DEMAND, renamed=renamed, names={"w.grad": 3}, live_bytes=sizes(live),
+                    out=set(), followed_to=3)
+    assert b.plan_ids[BATCH] == BATCH | CARRIED_FLAG
+    assert (BATCH | CARRIED_FLAG, BATCH) in [(now, m.tensor_id) for now, m in b.send_out]
+    b = at_boundary(plan(), 0, Ending.ON_DEMAND, renamed=renamed, names={"w.grad": 3}, live_bytes=sizes(live),
+                    out=set(), followed_to=1)
+    assert BATCH not in b.plan_ids and BATCH not in [m.tensor_id for _, m in b.send_out]
+
+
+def test_a_storage_made_anew_is_found_under_the_plans_id_it_took() -> None:
+    """NOTE [ Made anew ] in runtime.executor: a long-lived storage replaced by a new one, which took
+    its part, goes out under the plan's id where the plan has it out."""
+    bank, new = long_id(0), long_id(7)
+    p = plan()
+    p = dataclasses.replace(p, migrations={0: [*p.migrations[0], migration(bank, "offload", 9, size=64),
+                                               migration(bank, "prefetch", 2, size=64)]})
+    live = {new: 64, STATE: 100}  # the plan's bank died
+    b = at_boundary(p, 0, Ending.ON_DEMAND, renamed={}, names={}, live_bytes=sizes(live), out=set())
+    assert new not in [now for now, _ in b.send_out]
+    b = at_boundary(p, 0, Ending.ON_DEMAND, renamed={}, names={}, live_bytes=sizes(live), out=set(),
+                    made_anew={bank: new})
+    assert (new, bank) in [(now, m.tensor_id) for now, m in b.send_out] and b.plan_ids[bank] == new
+    b = at_boundary(p, 0, Ending.STEADY, renamed={}, names={}, live_bytes=sizes(live), out={new},
+                    made_anew={bank: new})
+    assert b.plan_ids[bank] == new and b.send_out == ()
+
+
 def test_what_is_out_already_stays_out_and_another_size_is_left_alone() -> None:
     live = {STATE: 100, 3: 99}  # the gradient has another size: not the plan's tensor
     b = at_boundary(plan(), 0, Ending.ON_DEMAND, renamed={}, names={"w.grad": 3}, live_bytes=sizes(live),
