@@ -1443,6 +1443,20 @@ def collective_train(steps: int, delay: float, read: bool = False,
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
+def collective_plan_at_its_peak(tmp_path: Path) -> tuple[Plan, tuple[list[float], list[torch.Tensor]], Any]:
+    """A plan of ``collective_train`` (in a process group begun) with the budget of the peak it
+    reaches where each buffer is freed at once; the plain results, and that run's executor."""
+    tracer = Tracer(warmup=1, iters=1)
+    with pytest.raises(ProfileComplete), tracer:
+        collective_train(5, delay=0)
+    plan = hand_plan(tracer.profile({}))
+    expected = collective_train(4, delay=0)
+    with offload(plan, swap_dir=tmp_path) as at_once:
+        assert same(collective_train(4, delay=0), expected)
+    budget = max(at_once.stats.iteration_peak_bytes[1:])
+    return dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget}), expected, at_once
+
+
 @pytest.mark.parametrize("read", [False, True])
 def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(read: bool, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1457,15 +1471,8 @@ def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(read: b
     monkeypatch.setattr("runtime.executor._COLLECTIVE_WAIT_S", 10.0)  # 0.3 s late, whatever the load
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        tracer = Tracer(warmup=1, iters=1)
-        with pytest.raises(ProfileComplete), tracer:
-            collective_train(5, delay=0)
-        plan = hand_plan(tracer.profile({}))
-        expected = collective_train(4, delay=0)
-        with offload(plan, swap_dir=tmp_path) as at_once:
-            assert same(collective_train(4, delay=0), expected)
-        budget = max(at_once.stats.iteration_peak_bytes[1:])  # what the plan needs, freed at once
-        plan = dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget})
+        plan, expected, at_once = collective_plan_at_its_peak(tmp_path)
+        budget = plan.budget_bytes
         with offload(plan, swap_dir=tmp_path) as late:
             assert same(collective_train(4, delay=0.3, read=read), expected)
     finally:
@@ -1602,15 +1609,7 @@ def test_a_collectives_buffer_the_script_holds_on_to_is_waited_for_once(tmp_path
     monkeypatch.setattr("runtime.executor._COLLECTIVE_WAIT_S", 0.2)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        tracer = Tracer(warmup=1, iters=1)
-        with pytest.raises(ProfileComplete), tracer:
-            collective_train(5, delay=0)
-        plan = hand_plan(tracer.profile({}))
-        expected = collective_train(4, delay=0)
-        with offload(plan, swap_dir=tmp_path) as at_once:
-            assert same(collective_train(4, delay=0), expected)
-        budget = max(at_once.stats.iteration_peak_bytes[1:])
-        plan = dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget})
+        plan, expected, _ = collective_plan_at_its_peak(tmp_path)
         with offload(plan, swap_dir=tmp_path) as held:
             assert same(collective_train(4, delay=0, hold=True), expected)
     finally:
