@@ -323,6 +323,7 @@ class PlanExecutor(OpStream):
         self._evict_transient = any(m.name is not None for m in moves)  # no writes teraio cannot see
         self._used_at: dict[int, int] = {}
         self._left_over: dict[int, int] = {}  # NOTE [ Left over ]: made on demand
+        self._until_waited: dict[int, list[tuple[int, int]]] = {}  # a collective's result -> its left over
         self._let_go: set[int] = set()  # named at the boundary before, no longer (NOTE [ Left over ])
         # NOTE [ Made anew ]: plan id -> id now of its successor; the ops whose accesses find one
         self._made_anew: dict[int, int] = {}
@@ -338,6 +339,8 @@ class PlanExecutor(OpStream):
         self._busy_before: set[int] = set()  # and in the one before (renamed at the boundary)
         self._in_collective: set[int] = set()  # made in an iteration, used by a collective since
         self._held_on: set[int] = set()  # of those, ids waited for in vain (NOTE [ Buffers of collectives in flight ])
+        self._freed_elsewhere: set[int] = set()  # and which of all were freed on other threads since the boundary
+        self.ids.freed_elsewhere = self._freed_elsewhere
         # NOTE [ Collectives a script waits for ]: c10d's works not known done, and their storages
         self._works: list[tuple[Any, list[weakref.ref[torch.UntypedStorage]]]] = []
         self._named: dict[str, int] = {}  # persistent name -> its id in this iteration (NOTE [ Named by position ])
@@ -477,11 +480,6 @@ class PlanExecutor(OpStream):
             return
         stats = self.stats
         sizes = self.sizes
-        if self._left_over and leaves_in_flight(info.name) and not info.name.startswith("c10d."):
-            # a functional collective's input or result, read or written until waited for: not left
-            # over (c10d's ops give a ``Work``, whose tensors ``_offload`` holds while it runs)
-            for tid, _, _ in inputs + outputs:
-                self._left_over.pop(tid, None)
         if index in self._watched and self.schedule is self.steady:  # NOTE [ Made anew ]
             self._accessed[index] = tuple(t for t, _, _ in inputs) + tuple(t for t, _, _ in outputs)
         if self.hold_on_demand and leaves_in_flight(info.name):  # a functional collective's result:
@@ -502,8 +500,23 @@ class PlanExecutor(OpStream):
                 stats.tracked_bytes += n
                 if self.schedule is None and n >= UNTOUCHED_MIN_BYTES:  # (a deep copy's): NOTE [ Left over ]
                     self._left_over[tid] = n
+        if self._left_over or self._until_waited:
+            self._left_over_in_flight(info.name, inputs, outputs)
         if stats.tracked_bytes > stats.peak_tracked_bytes:
             stats.peak_tracked_bytes = stats.tracked_bytes
+
+    def _left_over_in_flight(self, name: str, inputs: list[tuple[int, torch.Tensor, bool]],
+                             outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+        """A functional collective's input or result, read or written until its ``wait_tensor``,
+        is not left over until then (NOTE [ Left over ]; c10d's ops give a ``Work``, whose tensors
+        ``_offload`` holds while it runs)."""
+        if leaves_in_flight(name) and not name.startswith("c10d."):
+            held = [(tid, self._left_over.pop(tid)) for tid, _, _ in inputs + outputs if tid in self._left_over]
+            for tid, _, _ in outputs if held else ():
+                self._until_waited[tid] = held
+        elif ".wait_tensor." in name:
+            for tid, _, _ in inputs:
+                self._left_over.update(self._until_waited.pop(tid, ()))
 
     @_locked
     def on_free(self, tensor_id: int) -> None:
@@ -860,7 +873,8 @@ class PlanExecutor(OpStream):
     # FSDP2 since, was waited for the whole 0.5 s, and the iteration went 1.2-1.28x over, in every
     # followed iteration of an FSDP2 job at its smallest budget (found by a sweep of users' habits).
     # A buffer waited for in vain until the wait's time ran out is one the script holds, and the
-    # buffers its op makes in the iterations after (the same id) are not waited for again: a
+    # buffers its op makes in the iterations after (the same id) are not waited for again, until
+    # one of them is freed on another thread (a rank behind once more than the wait's time): a
     # pipeline stage keeps its send buffers for its backward pass, and its last stage, 3 KiB
     # over the budget after an evaluation, waited 0.5 s in every iteration after.
     # A buffer alive at a boundary with no work of its collective in flight is one the script
@@ -889,13 +903,14 @@ class PlanExecutor(OpStream):
             if not self.ids.drain_here() or (over := self.stats.tracked_bytes + nbytes - schedule.budget_bytes) <= 0:
                 break
             self._in_collective = {t for t in self._in_collective if self._bytes_in_memory(t)}
-            awaited = [t for t in self._in_collective if t not in self._held_on]
+            self._unhold()
+            awaited = [t for t in self._in_collective if t & ~CARRIED_FLAG not in self._held_on]
             if sum(self.sizes.get(t, 0) for t in awaited) < over:  # their frees would not do
                 break
             waited = True
             left = deadline - time.perf_counter()
             if left <= 0:  # none came: the script holds them, here and in the iterations after
-                self._held_on.update(awaited)
+                self._held_on.update(t & ~CARRIED_FLAG for t in awaited)
                 break
             self.ids.await_free(min(left, _COLLECTIVE_POLL_S))  # then drain the writes done meanwhile
         if waited:
@@ -903,6 +918,12 @@ class PlanExecutor(OpStream):
             self._collective_wait_left -= spent
             with self._lock:
                 self._stalled("collective", spent)
+
+    def _unhold(self) -> None:
+        """Ids waited for in vain whose buffer was since freed on another thread are waited for again."""
+        if self._freed_elsewhere:
+            self._held_on -= {t & ~CARRIED_FLAG for t in self._freed_elsewhere}
+            self._freed_elsewhere.clear()
 
     def _bytes_in_memory(self, tid: int) -> bool:
         """Whether ``tid`` is alive with its bytes in memory."""
@@ -1624,6 +1645,7 @@ class PlanExecutor(OpStream):
         self._offloads_started = self._other_sizes = self._larger = 0
         self._first_other_size = None
         self._busy_before, self._busy = self._busy, set()
+        self._unhold()  # NOTE [ Buffers of collectives in flight ]
         self._in_collective = {t for t in self._in_collective  # NOTE [ Buffers of collectives in flight ]
                                if (st := self.ids.storage(t)) is not None and self._in_work(st)}
         self._collective_wait_left = _COLLECTIVE_WAIT_S
@@ -1704,6 +1726,7 @@ class PlanExecutor(OpStream):
                 self._offload(tid, storage, m.place, urgent=True, name=m.name)
         let_go, self._let_go = self._let_go, set()
         left_over = self._send_left_over(boundary.plan_ids.values(), let_go)
+        self._until_waited.clear()
         self._out_for_good = {t for t in self._out_for_good | let_go | set(left_over) if t in self.moved}
         for tid in [t for t, _ in boundary.send_out] + left_over:
             entry = self.moved.get(tid)

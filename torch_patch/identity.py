@@ -172,6 +172,7 @@ class StorageIds:
         self._thread = threading.get_ident()  # the thread dispatching ops
         self._pending: deque[tuple[int, _Slot]] = deque()
         self.on_free = on_free
+        self.freed_elsewhere: set[int] | None = None  # where a set: the ids freed on other threads add to it
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -261,7 +262,10 @@ class StorageIds:
         """Apply the frees queued on other threads; the dispatching thread's to call
         (NOTE [ Frees on other threads ])."""
         while self._pending:
-            self._free(*self._pending.popleft())
+            key, slot = self._pending.popleft()
+            if self.freed_elsewhere is not None and not slot.done:
+                self.freed_elsewhere.add(slot.tid)
+            self._free(key, slot)
 
     def drain_here(self) -> bool:
         """Apply the frees queued on other threads if the calling thread dispatches ops; whether

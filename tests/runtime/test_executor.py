@@ -1409,50 +1409,55 @@ def test_what_a_thread_of_the_scripts_own_brought_back_goes_out_again(profiled: 
     assert norms[1] == norms[0] and out_after == [True]
 
 
-def collective_train(steps: int, delay: float, read: bool = False,
-                     hold: bool = False) -> tuple[list[float], list[torch.Tensor]]:
+def collective_train(steps: int, delay: float | list[float], read: bool = False, hold: bool = False,
+                     pause: float = 0.0) -> tuple[list[float], list[torch.Tensor]]:
     """``train``'s model, with a 1 MiB buffer all-reduced each step (a group of one) whose last
     reference a thread of the script's own drops ``delay`` seconds later (0: before the next
-    op), as gloo's worker drops a collective's buffer once the other ranks reach it; with
-    ``read``, the thread sums the buffer first (an op, on its thread); with ``hold``, the
-    training thread keeps it to the step's end instead."""
+    op; a list: each step's), as gloo's worker drops a collective's buffer once the other ranks
+    reach it; with ``read``, the thread sums the buffer first (an op, on its thread); with
+    ``hold``, the training thread keeps it to the step's end instead; each step ends with
+    ``pause`` seconds of other work."""
     import time
 
     import torch.distributed as dist
 
     model, opt, gen = mlp_and_data()
     losses, threads = [], []
-    for _ in range(steps):
+    for step in range(steps):
+        late = delay[step] if isinstance(delay, list) else delay
         loss = model(torch.randn(64, 32, generator=gen)).square().mean()
         buf = torch.full((1 << 18,), loss.item())
         dist.all_reduce(buf, async_op=True).wait()
-        threads.append(threading.Thread(target=lambda b=buf: (time.sleep(delay), read and b.sum())))
+        threads.append(threading.Thread(target=lambda b=buf, d=late: (time.sleep(d), read and b.sum())))
         threads[-1].start()
         kept = buf if hold else None
         del buf
-        if not delay:
+        if not late:
             threads[-1].join()
         scratch = torch.ones(1 << 18).add_(1)  # allocates as the buffer's free waits for the thread
         opt.zero_grad()
         (loss + scratch[0] * 0).backward()
         opt.step()
         del kept
+        time.sleep(pause)
         losses.append(loss.item())
     for t in threads:
         t.join()
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
-def collective_plan_at_its_peak(tmp_path: Path) -> tuple[Plan, tuple[list[float], list[torch.Tensor]], Any]:
+def collective_plan_at_its_peak(tmp_path: Path,
+                                steps: int = 4) -> tuple[Plan, tuple[list[float], list[torch.Tensor]], Any]:
     """A plan of ``collective_train`` (in a process group begun) with the budget of the peak it
-    reaches where each buffer is freed at once; the plain results, and that run's executor."""
+    reaches where each buffer is freed at once; the plain results of ``steps``, and that run's
+    executor."""
     tracer = Tracer(warmup=1, iters=1)
     with pytest.raises(ProfileComplete), tracer:
         collective_train(5, delay=0)
     plan = hand_plan(tracer.profile({}))
-    expected = collective_train(4, delay=0)
+    expected = collective_train(steps, delay=0)
     with offload(plan, swap_dir=tmp_path) as at_once:
-        assert same(collective_train(4, delay=0), expected)
+        assert same(collective_train(steps, delay=0), expected)
     budget = max(at_once.stats.iteration_peak_bytes[1:])
     return dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget}), expected, at_once
 
@@ -1616,6 +1621,53 @@ def test_a_collectives_buffer_the_script_holds_on_to_is_waited_for_once(tmp_path
         dist.destroy_process_group()
     assert held.matched_iterations == 3
     assert held.stats.steady_stalls["collective"][0] == 1, held.stats.steady_stalls  # 3 before
+
+
+def test_a_collectives_buffer_late_once_is_waited_for_again(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Buffers of collectives in flight ]: a buffer freed on another thread after the wait
+    for it ran out (a rank behind once by more than the wait's time) is waited for again in the
+    iterations after: marked as held by the script for good, the next iterations' buffers, late
+    by less, were not waited for, and went over the budget (1.35x; a review's case)."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr("runtime.executor._COLLECTIVE_WAIT_S", 0.5)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        plan, expected, _ = collective_plan_at_its_peak(tmp_path, steps=6)
+        with offload(plan, swap_dir=tmp_path) as late:  # every late free comes by the next step
+            assert same(collective_train(6, delay=[0, 0, 0.75, 0.15, 0.15, 0.15], pause=0.4), expected)
+    finally:
+        dist.destroy_process_group()
+    assert max(late.stats.iteration_peak_bytes[4:]) <= plan.budget_bytes, late.stats.iteration_peak_bytes
+
+
+def test_a_functional_collectives_result_kept_after_an_evaluation_goes_out(plan: Plan, tmp_path: Path) -> None:
+    """NOTE [ Left over ]: a functional collective's result is not sent out while the collective
+    may write it, but once waited for, one an iteration run on demand made and the script keeps
+    goes out at the boundary after it, as any other (it stayed in, 1.71x; a review's case)."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
+
+    kept: list[torch.Tensor] = []
+
+    def evaluate(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        if step == 2:
+            x = torch.randn(256, 1024, generator=torch.Generator().manual_seed(7))
+            kept.append(fc.wait_tensor(fc.all_reduce(x, "sum", dist.group.WORLD)))
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        expected = train(6)
+        with offload(plan, swap_dir=tmp_path) as plain:
+            assert same(train(6), expected)
+        budget = max(plain.stats.iteration_peak_bytes[1:])
+        plan = dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget})
+        with offload(plan, swap_dir=tmp_path) as ex:
+            assert same(train(6, save_at=evaluate), expected)
+    finally:
+        dist.destroy_process_group()
+    assert max(ex.stats.iteration_peak_bytes[3:]) <= budget * 1.05, (ex.stats.iteration_peak_bytes, budget)
 
 
 def logged_after_step_train(steps: int) -> tuple[list[float], list[torch.Tensor]]:
