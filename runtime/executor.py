@@ -635,7 +635,7 @@ class PlanExecutor(OpStream):
             self._known_now = set(self.plan_ids.values()) | self._plan_tids | set(self._made_anew.values())
         for tid in self._accessed.get(m.period_start_op % self.steady.num_ops, ()):
             storage = self.ids.storage(tid)
-            if (not (tid & CARRIED_FLAG or LONG_BASE <= tid) or tid in self._known_now or tid in self.moved
+            if (tid < LONG_BASE or tid in self._known_now or tid in self.moved  # (carried ids are above too)
                     or storage is None or storage.nbytes() != m.size_bytes or storage.device.type != self._device
                     or not self.movable(storage)):
                 continue
