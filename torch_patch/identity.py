@@ -84,7 +84,8 @@ def persistent_names(
     """The named persistent storages in a stable order, and a map id(param) -> param name.
 
     Order: each root module's parameters then buffers; then, per optimizer and
-    parameter in group order, its state tensors by sorted key and its gradient.
+    parameter in group order, its state tensors by sorted key (a list's, as L-BFGS's history, by
+    their place in it) and its gradient.
     A storage shared by several names (tied weights) keeps the first. A root with no parameter
     (a loss module, a weighted one's weights a buffer) is not counted (NOTE [ Late roots ] in
     opstream): its buffers are long-lived storages, named by no one.
