@@ -401,7 +401,7 @@ class PlanExecutor(OpStream):
             self._send_again(func, inputs)
         if leaves_in_flight(name):
             self._in_collective.update(tid for tid, _, _ in inputs if PRODUCED_BASE <= tid < LONG_BASE)
-            if self.hold_on_demand:  # NOTE [ On demand within the budget ]
+            if self.hold_on_demand and not name.startswith("c10d."):  # NOTE [ On demand within the budget ]
                 self._busy.update(tid for tid, _, _ in inputs)
         if (self.hold_on_demand and self.schedule is None and self.iteration > 0
                 and self.steady.budget_bytes is not None):
@@ -482,8 +482,8 @@ class PlanExecutor(OpStream):
         sizes = self.sizes
         if index in self._watched and self.schedule is self.steady:  # NOTE [ Made anew ]
             self._accessed[index] = tuple(t for t, _, _ in inputs) + tuple(t for t, _, _ in outputs)
-        if self.hold_on_demand and leaves_in_flight(info.name):  # a functional collective's result:
-            self._busy.update(tid for tid, _, _ in outputs)  # written until an op waits for it
+        if self.hold_on_demand and leaves_in_flight(info.name) and not info.name.startswith("c10d."):
+            self._busy.update(tid for tid, _, _ in outputs)  # a functional collective's result: written till waited
         for tid, t, new in outputs:
             if new:
                 n = _memory_of(t.untyped_storage())
@@ -943,9 +943,13 @@ class PlanExecutor(OpStream):
     # good), and, where the plan moves named ones (so its profile saw no write teraio cannot
     # see), storages made in or handed to this iteration (activations, gradients, batches), at
     # the size they were made at. Never one the op uses, one carried from the iteration before,
-    # one a collective used or made in this iteration or the one before (it may still be moving:
-    # NOTE [ Busy in a collective ] in planner.problem; a functional collective's result, called
-    # through ``torch.ops._c10d_functional``, went out before its wait), another device's (a
+    # one a functional collective used or made in this iteration or the one before (it may still
+    # be moving: NOTE [ Busy in a collective ] in planner.problem; its result, called through
+    # ``torch.ops._c10d_functional``, went out before its wait), one a c10d op's ``Work`` still
+    # holds (``_offload`` leaves it: NOTE [ Collectives a script waits for ]; held for two
+    # iterations as a functional one's, DDP's bucket, in a collective every step, never went
+    # out, and the steps a barrier every other step sends on demand ran at 1.41x the smallest
+    # budget), another device's (a
     # CUDA run's pinned batch an asynchronous copy may read), one another thread reads through
     # torch.save, tolist or a deep copy, and nothing while
     # a torch.save on this thread runs (its pickling runs ``detach`` ops, and may make tensors
