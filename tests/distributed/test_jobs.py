@@ -429,8 +429,21 @@ def test_a_functional_collectives_result_is_not_moved_while_in_flight(tmp_path: 
     that tensor out and back while rank 1 was late to the all-reduce, and the job trained to
     other losses and crashed; so did one that moved it after a view of the result, which runs
     without waiting (a corrupted heap)."""
-    script = tmp_path / "functional.py"
-    script.write_text(FUNCTIONAL)
+    plain, r = plain_and_smallest(FUNCTIONAL, tmp_path)
+    assert rank_lines(r.stdout) == rank_lines(plain.stdout) and len(rank_lines(plain.stdout)) == 14
+
+
+def rank_lines(stdout: str) -> list[str]:
+    """The ranks' loss and final lines, however their output interleaves."""
+    return sorted(re.findall(r"rank \d (?:step \d+ loss|final) -?\d+\.\d+(?:e-?\d+)?", stdout))
+
+
+def plain_and_smallest(text: str, tmp_path: Path,
+                       *run_opts: str) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """The job of the script ``text`` under plain torchrun, and profiled, planned at the smallest
+    budget and run (with ``run_opts``, a report in run.json) under teraio."""
+    script = tmp_path / "job.py"
+    script.write_text(text)
     plain = finish(start(*TORCHRUN, script, cwd=tmp_path))
     assert plain.returncode == 0, plain.stderr[-3000:]
     r = teraio("profile", "--nproc", "2", "--out", tmp_path / "profile", script, cwd=tmp_path)
@@ -438,12 +451,10 @@ def test_a_functional_collectives_result_is_not_moved_while_in_flight(tmp_path: 
     r = teraio("plan", tmp_path / "profile", "--gpu-mem", "min", "--ssd-bw", "2", "--out", tmp_path / "plan.json",
                cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = teraio("run", "--nproc", "2", "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path, script, cwd=tmp_path)
+    r = teraio("run", "--nproc", "2", *run_opts, "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path,
+               "--report", tmp_path / "run.json", script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    def lines(stdout: str) -> list[str]:  # the ranks' lines, however their output interleaves
-        return sorted(re.findall(r"rank \d (?:step \d+ loss|final) -?\d+\.\d+(?:e-?\d+)?", stdout))
-
-    assert lines(r.stdout) == lines(plain.stdout) and len(lines(plain.stdout)) == 14
+    return plain, r
 
 
 def test_a_fake_profile_of_functional_collectives_has_a_real_runs_ops(tmp_path: Path) -> None:
@@ -502,24 +513,9 @@ def test_steps_a_barrier_sends_on_demand_keep_to_the_budget_with_hold_on_demand(
     those steps on demand; with --hold-on-demand, DDP's gradient bucket, in an all-reduce every
     step, was never sent out (held as a functional collective's buffer is, for two iterations, though
     its Work was done), and those steps ran at 1.41x the smallest budget (a sweep's script)."""
-    script = tmp_path / "barrier.py"
-    script.write_text(BARRIER_EVERY_OTHER)
-    plain = finish(start(*TORCHRUN, script, cwd=tmp_path))
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    r = teraio("profile", "--nproc", "2", "--out", tmp_path / "profile", script, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = teraio("plan", tmp_path / "profile", "--gpu-mem", "min", "--ssd-bw", "2", "--out", tmp_path / "plan.json",
-               cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
+    plain, r = plain_and_smallest(BARRIER_EVERY_OTHER, tmp_path, "--hold-on-demand")
     budget = json.loads((tmp_path / "plan.json").read_text())["parameters"]["gpu_mem_bytes"]
-    r = teraio("run", "--nproc", "2", "--hold-on-demand", "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path,
-               "--report", tmp_path / "run.json", script, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-
-    def lines(stdout: str) -> list[str]:  # the ranks' lines, however their output interleaves
-        return sorted(re.findall(r"rank \d (?:step \d+ loss|final) -?\d+\.\d+(?:e-?\d+)?", stdout))
-
-    assert lines(r.stdout) == lines(plain.stdout) and len(lines(plain.stdout)) == 16
+    assert rank_lines(r.stdout) == rank_lines(plain.stdout) and len(rank_lines(plain.stdout)) == 16
     for rank, rr in json.loads((tmp_path / "run.json").read_text())["ranks"].items():
         later = [p for i, (p, f) in enumerate(zip(rr["iteration_peak_bytes"], rr["iteration_followed"], strict=True))
                  if i >= 3 and not f]  # the barrier's steps after DDP's second (its bucket rebuild)

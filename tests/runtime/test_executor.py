@@ -1488,6 +1488,19 @@ def test_a_collectives_buffer_freed_late_on_another_thread_is_waited_for(read: b
     assert late.stats.steady_stalls["collective"][1] > 0.2 * 3
 
 
+def run_at_its_peak(plan: Plan, tmp_path: Path, evaluate: Callable[..., None]) -> tuple[Any, int]:
+    """``train(6, save_at=evaluate)`` under ``plan`` at the budget of ``train``'s own peak under
+    it, bit-identical to ``train(6)``; its executor, and the budget."""
+    expected = train(6)
+    with offload(plan, swap_dir=tmp_path) as plain:
+        assert same(train(6), expected)
+    budget = max(plain.stats.iteration_peak_bytes[1:])
+    plan = dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget})
+    with offload(plan, swap_dir=tmp_path) as ex:
+        assert same(train(6, save_at=evaluate), expected)
+    return ex, budget
+
+
 def test_an_evaluations_graph_the_script_keeps_goes_out_though_its_ops_read_it(plan: Plan, tmp_path: Path) -> None:
     """NOTE [ Left over ]: an evaluation without ``no_grad`` whose output the script keeps keeps
     the activations its graph saved, which its later ops read as it ran (a pipeline stage keeps
@@ -1500,13 +1513,7 @@ def test_an_evaluations_graph_the_script_keeps_goes_out_though_its_ops_read_it(p
         if step == 2:
             kept.append(model(torch.randn(256, 32, generator=torch.Generator().manual_seed(7))))
 
-    expected = train(6)
-    with offload(plan, swap_dir=tmp_path) as plain:
-        assert same(train(6), expected)
-    budget = max(plain.stats.iteration_peak_bytes[1:])
-    plan = dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget})
-    with offload(plan, swap_dir=tmp_path) as ex:
-        assert same(train(6, save_at=evaluate), expected)
+    ex, budget = run_at_its_peak(plan, tmp_path, evaluate)
     assert ex.stats.iteration_followed[1:] == [True, False, True, True, True]
     assert kept[0].grad_fn is not None
     # (the evaluation's input and output, under 64 KiB, stay in)
@@ -1658,13 +1665,7 @@ def test_a_functional_collectives_result_kept_after_an_evaluation_goes_out(plan:
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        expected = train(6)
-        with offload(plan, swap_dir=tmp_path) as plain:
-            assert same(train(6), expected)
-        budget = max(plain.stats.iteration_peak_bytes[1:])
-        plan = dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget})
-        with offload(plan, swap_dir=tmp_path) as ex:
-            assert same(train(6, save_at=evaluate), expected)
+        ex, budget = run_at_its_peak(plan, tmp_path, evaluate)
     finally:
         dist.destroy_process_group()
     assert max(ex.stats.iteration_peak_bytes[3:]) <= budget * 1.05, (ex.stats.iteration_peak_bytes, budget)
