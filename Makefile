@@ -50,7 +50,7 @@ bench: install
 # the summary off loses no name), then the predictions (about 4) and the curve against
 # checkpointing (about 2): two calls of 10 minutes (BENCHMARKS.md, the H200 sections).
 gpu-check:
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -v -n 16 -p no:cacheprovider tests/torch_patch tests/runtime tests/profiles \
+	OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -v -rfE --tb=short -n 16 -p no:cacheprovider tests/torch_patch tests/runtime tests/profiles \
 		tests/cli/test_run_cli.py tests/cli/test_profile_cli.py
 	PYTHONPATH=$(CURDIR) $(PYTHON) bench/fidelity.py --gpu --sizes 2k --steps 6 --quiet-budget 0
 	PYTHONPATH=$(CURDIR) $(PYTHON) bench/rok_gpu.py --sizes 2k --peers recompute --steps 6

@@ -85,6 +85,7 @@ class FakeTracer(Tracer):
         self._t0 = 0
         self._wrapping = False  # NOTE [ Fake functional collectives ]
         self._orig_wrap: Any = None
+        self._orig_from: Any = None
 
     # NOTE [ The script's meta tensors ]: every fake tensor's storage is a meta one, which stands
     # for the memory of the device the fake tensor says it is on; but a tensor the script itself
@@ -148,6 +149,31 @@ class FakeTracer(Tracer):
 
         return wrap
 
+    # Torch 2.11 (an H200's, on 2026-11-27) wraps ``all_gather_tensor_autograd``'s result in an
+    # autograd function, ``_FromTorchTensor``, which returns the wrapping: the result itself here,
+    # which autograd makes a view, with an op of its own. Its stand-in returns a view of it taken
+    # uncounted, whose backward passes the gradient on as the original's does, with no op.
+    def _from_torch_tensor(self) -> Any:
+        stream = self
+
+        class FromTorchTensor(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+                import torch.distributed._functional_collectives as funcol
+
+                funcol._maybe_wrap_tensor(t)
+                stream.uncounted += 1
+                try:
+                    return t.view_as(t)
+                finally:
+                    stream.uncounted -= 1
+
+            @staticmethod
+            def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+                return grad
+
+        return FromTorchTensor
+
     def after_op(self, index: int, info: OpInfo, inputs: list[tuple[int, torch.Tensor, bool]],
                  outputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         if self._wrapping and info.name == str(_WAIT):  # NOTE [ Fake functional collectives ]
@@ -191,6 +217,9 @@ class FakeTracer(Tracer):
 
             self._orig_wrap = funcol._maybe_wrap_tensor
             funcol._maybe_wrap_tensor = self._wrap_as_a_real_run(self._orig_wrap)
+            self._orig_from = getattr(funcol, "_FromTorchTensor", None)
+            if self._orig_from is not None:
+                funcol._FromTorchTensor = self._from_torch_tensor()  # type: ignore[attr-defined]
         try:
             return super().__enter__()
         except BaseException:
@@ -212,3 +241,6 @@ class FakeTracer(Tracer):
 
             funcol._maybe_wrap_tensor = self._orig_wrap
             self._orig_wrap = None
+            if self._orig_from is not None:
+                funcol._FromTorchTensor = self._orig_from  # type: ignore[attr-defined]
+                self._orig_from = None

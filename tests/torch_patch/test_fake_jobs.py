@@ -5,6 +5,7 @@ and a fake rank against the same rank of a real job (2 processes, gloo)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -236,12 +237,29 @@ def test_fake_ranks_issue_the_ops_of_a_real_job(parallelism: str, tmp_path: Path
                                            ft[ft["kind"].isin(kinds)].groupby("kind")["size_bytes"].sum())
 
 
-@pytest.mark.parametrize("case", ["no grad", "grad", "autograd gather"])
-def test_a_fake_functional_collective_records_a_real_runs_ops(case: str, tmp_path: Path) -> None:
+class _FromTorchTensor(torch.autograd.Function):
+    """How torch 2.11's ``all_gather_tensor_autograd`` wraps its result: in an autograd function
+    (gone from the torch installed here, which wraps it with an op that has its own autograd)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        return funcol._maybe_wrap_tensor(t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+@pytest.mark.parametrize("case", ["no grad", "grad", "autograd gather", "autograd gather, torch 2.11"])
+def test_a_fake_functional_collective_records_a_real_runs_ops(case: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [ Fake functional collectives ] in torch_patch.fake: fake mode waits for a functional
     collective at once, where a real run wraps its result; the wait is recorded as the wrapping,
     also where the result needs gradients (returned through autograd, it was a view: an
-    ``aten.view`` op a real run does not have)."""
+    ``aten.view`` op a real run does not have), and where an autograd function wraps it, as
+    torch 2.11's does (an H200's torch: the same extra view)."""
+    if case.endswith("2.11"):
+        monkeypatch.setattr(funcol, "_FromTorchTensor", _FromTorchTensor, raising=False)
 
     def train(group: dist.ProcessGroup) -> None:
         w = torch.nn.Parameter(torch.ones(64, 64))
@@ -251,6 +269,9 @@ def test_a_fake_functional_collective_records_a_real_runs_ops(case: str, tmp_pat
                 x = x.detach()
             if case == "autograd gather":
                 y = funcol.all_gather_tensor_autograd(x, 0, group)
+            elif case.endswith("2.11"):
+                gathered = torch.ops._c10d_functional_autograd.all_gather_into_tensor(x, 1, group.group_name)
+                y = funcol._FromTorchTensor.apply(gathered)
             else:
                 y = funcol.all_reduce(x, "sum", group)
             loss = (y * 2).sum()
