@@ -252,6 +252,32 @@ def _replaceable(tid: int) -> bool:
     return LONG_BASE <= bare or bool(tid & CARRIED_FLAG) and PRODUCED_BASE <= bare < INPUT_BASE
 
 
+_aten = torch.ops.aten
+_FACTORIES = frozenset({_aten.empty.memory_format, _aten.empty_strided.default, _aten.zeros.default,
+                        _aten.ones.default, _aten.full.default})
+_NEW_FACTORIES = frozenset({_aten.new_empty.default, _aten.new_empty_strided.default, _aten.new_zeros.default,
+                            _aten.new_ones.default, _aten.new_full.default})
+
+
+def _factory_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device: str) -> int:
+    """The bytes factory op ``func`` (``empty``, ``zeros``, ``new_empty``...) allocates on
+    ``device``, known from its arguments before it runs; 0 for any other op (NOTE [ On demand
+    within the budget ])."""
+    if func in _NEW_FACTORIES:
+        size, dtype, where = args[1], args[0].dtype, args[0].device
+    elif func in _FACTORIES:
+        size, dtype, where = args[0], torch.get_default_dtype(), torch.get_default_device()
+    else:
+        return 0
+    dtype, where = kwargs.get("dtype") or dtype, kwargs.get("device") or where
+    if torch.device(where).type != device:
+        return 0
+    n = dtype.itemsize
+    for d in size:
+        n *= int(d)
+    return n
+
+
 def _memory_of(storage: torch.UntypedStorage) -> int:
     """The bytes ``storage`` holds: none on the meta device (as the tracer counts it)."""
     return 0 if storage.device.type == "meta" else storage.nbytes()
@@ -367,7 +393,7 @@ class PlanExecutor(OpStream):
             self._out_in_child([self.ids.storage(tid) for tid, _, _ in inputs], str(func))
             return func(*args, **kwargs)
         with self._lock:
-            self._before_op(index, func, inputs)
+            self._before_op(index, func, args, kwargs, inputs)
             short = self._short_of_room(index)
         if short:  # without the lock, which the thread that frees may need
             self._await_collectives(short)
@@ -377,7 +403,8 @@ class PlanExecutor(OpStream):
             self._track_work(work, inputs)
         return out
 
-    def _before_op(self, index: int, func: Any, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+    def _before_op(self, index: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
         name = str(func)
         schedule = self.schedule
         if schedule is not None and (index >= schedule.num_ops or schedule.op_names[index] != name):
@@ -405,7 +432,7 @@ class PlanExecutor(OpStream):
                 self._busy.update(tid for tid, _, _ in inputs)
         if (self.hold_on_demand and self.schedule is None and self.iteration > 0
                 and self.steady.budget_bytes is not None):
-            self._evict_for(inputs)
+            self._evict_for(inputs, max(self._largest_made, _factory_bytes(func, args, kwargs, self._device)))
         if self.moved and not (self._aliasing and name in _ONLY_ALIAS):  # NOTE [ Streamed saves ]
             for tid, _, _ in inputs:
                 entry = self.moved.get(tid)
@@ -491,14 +518,14 @@ class PlanExecutor(OpStream):
                 stats.tracked_bytes += n
                 if self.hold_on_demand:  # NOTE [ On demand within the budget ]: just made, not idle
                     self._used_at[tid] = self._clock
-                if self.schedule is None and n >= UNTOUCHED_MIN_BYTES:  # NOTE [ Left over ]
+                if self.schedule is not self.steady and n >= UNTOUCHED_MIN_BYTES:  # NOTE [ Left over ]
                     self._left_over[tid] = n
         for tid, t, _ in inputs:
             if tid not in sizes and (s := self.input_storage(tid, t)) is not None:  # made outside any op
                 n = _memory_of(s)
                 sizes[tid] = n
                 stats.tracked_bytes += n
-                if self.schedule is None and n >= UNTOUCHED_MIN_BYTES:  # (a deep copy's): NOTE [ Left over ]
+                if self.schedule is not self.steady and n >= UNTOUCHED_MIN_BYTES:  # (a deep copy's): NOTE [ Left over ]
                     self._left_over[tid] = n
         if self._left_over or self._until_waited:
             self._left_over_in_flight(info.name, inputs, outputs)
@@ -937,8 +964,10 @@ class PlanExecutor(OpStream):
     # 2.0x its budget, which on a GPU sized to the budget is an out-of-memory error. With
     # ``hold_on_demand`` (`teraio run --hold-on-demand`), before each op of such an iteration
     # (from iteration 1 on, where ids are the plan's) while what is resident, what the op brings
-    # back and the most any op of the plan allocates (``made_bytes``) exceed the budget, resident
-    # storages go out, least recently used first, and the op waits for their writes. Those that
+    # back and the most any op of the plan allocates (``made_bytes``; a factory op's own size
+    # where that is more, as it is known before it runs: DDP's bucket made anew in its second
+    # step) exceed the budget, resident storages go out, least recently used first, and the op
+    # waits for their writes. Those that
     # may: what the plan moves under lasting ids (parameters, optimizer state, storages kept for
     # good), and, where the plan moves named ones (so its profile saw no write teraio cannot
     # see), storages made in or handed to this iteration (activations, gradients, batches), at
@@ -964,11 +993,12 @@ class PlanExecutor(OpStream):
     # ops on a thread started before teraio (NOTE [ Ops on other threads ] in torch_patch.opstream;
     # a crash, or a write lost), a pointer read teraio does not know (C++ code's, of a larger
     # storage). What cannot go out (what is carried, what the plan keeps in, another device's)
-    # may still take such an iteration over the budget, and so may an op that allocates more
-    # than any op of the plan.
-    def _evict_for(self, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+    # may still take such an iteration over the budget, and so may an op other than a factory
+    # that allocates more than any op of the plan.
+    def _evict_for(self, inputs: list[tuple[int, torch.Tensor, bool]], made: int) -> None:
         """Before an op run on demand: out with the least recently used storages until what the
-        op brings back fits the budget (NOTE [ On demand within the budget ])."""
+        op brings back, and the ``made`` bytes it may allocate, fit the budget (NOTE [ On demand
+        within the budget ])."""
         self._clock += 1
         used = {tid for tid, _, _ in inputs}
         for tid in used:
@@ -977,7 +1007,7 @@ class PlanExecutor(OpStream):
         assert budget is not None
         need = sum(e.nbytes for tid in used if (e := self.moved.get(tid)) is not None
                    and e.state in (Residency.SSD, Residency.HOST))
-        excess = self.stats.tracked_bytes + need + self._largest_made - budget
+        excess = self.stats.tracked_bytes + need + made - budget
         if excess <= 0 or self._saving:
             return
         sizes, used_at, evictable, transient = self.sizes, self._used_at, self._evictable, self._evict_transient
@@ -997,7 +1027,7 @@ class PlanExecutor(OpStream):
             excess -= sizes[tid]
             if excess <= 0:
                 break
-        self._make_room(need + self._largest_made, budget=budget)
+        self._make_room(need + made, budget=budget)
 
     # NOTE [ Writes of a tensor needed again ]: a tensor whose write is still in flight when it
     # is needed again (its prefetch is due, an op uses it, a boundary has it in) stays where it
@@ -1729,7 +1759,9 @@ class PlanExecutor(OpStream):
             if storage is not None and tid not in self.moved:
                 self._offload(tid, storage, m.place, urgent=True, name=m.name)
         let_go, self._let_go = self._let_go, set()
-        left_over = self._send_left_over(boundary.plan_ids.values(), let_go)
+        known = (boundary.plan_ids.values() if self._ending is not Ending.FIRST  # NOTE [ Left over ]
+                 else [now for plan, now in boundary.plan_ids.items() if plan in self._plan_tids])
+        left_over = self._send_left_over(known, let_go)
         self._until_waited.clear()
         self._out_for_good = {t for t in self._out_for_good | let_go | set(left_over) if t in self.moved}
         for tid in [t for t, _ in boundary.send_out] + left_over:
@@ -1757,7 +1789,13 @@ class PlanExecutor(OpStream):
     # next step; the last stage's iterations after an evaluation went 2.81x over the budget. One
     # an op reads later comes back for it (a fault). A functional collective's input or result is
     # not (a backend may write or read it until it is waited for). A deep copy's storages, made outside
-    # any op, count as made. So does a storage whose
+    # any op, count as made. So does what iteration 0 made under its own plan that the steady plan
+    # has no id for (DDP's first bucket, made anew in its second step: carried into that step, it
+    # was brought back at the boundary and took it to 1.65x the smallest budget); where
+    # iteration 0's plan sent such a storage out (for good: NOTE [ The first iteration's plan ] in
+    # planner.plan), it stays out. Which of them the steady plan knows is told by its moves, not
+    # by the profile's pairs of what iteration 0 carries with what steady iterations do (the
+    # bucket was paired with a smaller storage). So does a storage whose
     # name was let go at the boundary (NOTE [ Names let go ] in torch_patch.opstream), whatever
     # the iteration before did: a first model's weights kept as a state dict while a second model
     # trains went on in memory beside the second's, whose iterations followed the plan at 1.36x its
@@ -1767,8 +1805,8 @@ class PlanExecutor(OpStream):
     # copy of the model's and the optimizer's state, kept: every iteration after at 2.06x).
     def _send_left_over(self, known: Iterable[int], let_go: Collection[int]) -> list[int]:
         """Send out what the iteration before left over, and the storages ``let_go`` (NOTE [ Left
-        over ]); their ids."""
-        left = (self._left_over if self._ending is Ending.ON_DEMAND else {}).keys() | set(let_go)
+        over ]); their ids, and after iteration 0 those of the left over already out (they stay out)."""
+        left = (self._left_over if self._ending is not Ending.STEADY else {}).keys() | set(let_go)
         self._left_over = {}
         if not left:
             return []
@@ -1776,9 +1814,12 @@ class PlanExecutor(OpStream):
         sent = []
         for tid in left:
             storage = self.ids.storage(tid)
-            if (storage is not None and tid not in known and tid not in self.persistent and tid not in self.moved
-                    and storage.nbytes() >= UNTOUCHED_MIN_BYTES and storage.device.type == self._device
-                    and self.movable(storage)):
+            if storage is None or tid in known or tid in self.persistent or storage.device.type != self._device:
+                continue
+            if (entry := self.moved.get(tid)) is not None:  # iteration 0's plan sent it out for good
+                if self._ending is Ending.FIRST and not entry.touched and entry.state is not Residency.FETCHING:
+                    sent.append(tid)
+            elif storage.nbytes() >= UNTOUCHED_MIN_BYTES and self.movable(storage):
                 self._offload(tid, storage, self._spill, urgent=True)
                 sent.append(tid)
         return sent

@@ -492,14 +492,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                torch.nn.ReLU(), torch.nn.Linear(256, 10)))
+layers = [m for _ in range(4) for m in (torch.nn.Linear(256, 256), torch.nn.ReLU())]
+model = DDP(torch.nn.Sequential(*layers, torch.nn.Linear(256, 10)))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 g = torch.Generator().manual_seed(rank)
 for step in range(7):
     x, y = torch.randn(32, 256, generator=g), torch.randint(0, 10, (32,), generator=g)
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad(); loss.backward(); opt.step()
+    losses = [None, None]
+    dist.all_gather_object(losses, loss.item())
     if step % 2 == 1:
         dist.barrier()
     print(f"rank {rank} step {step} loss {loss.item()!r}", flush=True)
@@ -512,11 +514,14 @@ def test_steps_a_barrier_sends_on_demand_keep_to_the_budget_with_hold_on_demand(
     """NOTE [ On demand within the budget ] in runtime.executor: a barrier every other step sends
     those steps on demand; with --hold-on-demand, DDP's gradient bucket, in an all-reduce every
     step, was never sent out (held as a functional collective's buffer is, for two iterations, though
-    its Work was done), and those steps ran at 1.41x the smallest budget (a sweep's script)."""
+    its Work was done), and those steps ran at 1.41x the smallest budget (a sweep's script). DDP's
+    second step ran at 1.64x: the bucket its first step made, which the second makes anew, stayed
+    in memory (the profile paired it with a smaller storage of the steady iterations; NOTE [ Left
+    over ]), and no room was made for the new one (a factory op's size)."""
     plain, r = plain_and_smallest(BARRIER_EVERY_OTHER, tmp_path, "--hold-on-demand")
     budget = json.loads((tmp_path / "plan.json").read_text())["parameters"]["gpu_mem_bytes"]
     assert rank_lines(r.stdout) == rank_lines(plain.stdout) and len(rank_lines(plain.stdout)) == 16
     for rank, rr in json.loads((tmp_path / "run.json").read_text())["ranks"].items():
         later = [p for i, (p, f) in enumerate(zip(rr["iteration_peak_bytes"], rr["iteration_followed"], strict=True))
-                 if i >= 3 and not f]  # the barrier's steps after DDP's second (its bucket rebuild)
-        assert later and max(later) <= budget * 1.05, (rank, budget, rr["iteration_peak_bytes"])
+                 if i >= 1 and not f]  # the barrier's steps
+        assert len(later) == 3 and max(later) <= budget * 1.05, (rank, budget, rr["iteration_peak_bytes"])

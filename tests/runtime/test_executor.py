@@ -147,8 +147,9 @@ def hand_plan(prof: Profile | None = None, min_bytes: int = 4096) -> Plan:
     prof = traced() if prof is None else prof
     moves = hand_moves(prof, min_bytes)
     assert len(moves) > 20 and prof.first is not None
+    carried = {int(steady): made for steady, made in prof.first.meta["carried_into_next"]["0"].items()}
     first = plan_of(hand_moves(prof.first, min_bytes, trailing=True), op_names(prof.first), budget=1,
-                    made=made_bytes(prof.first).tolist())
+                    made=made_bytes(prof.first).tolist(), carried=carried)
     first_moves = first.migrations[0]
     assert sum(m.action == "offload" for m in first_moves) > sum(m.action == "prefetch" for m in first_moves)
     return plan_of(moves, op_names(prof), budget=1, first=first, made=made_bytes(prof).tolist())
