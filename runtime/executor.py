@@ -267,11 +267,17 @@ def _factory_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dev
         size, dtype, where = args[1], args[0].dtype, args[0].device
     elif func in _FACTORIES:
         size, dtype, where = args[0], torch.get_default_dtype(), torch.get_default_device()
+        if func is _aten.full.default and isinstance(args[1], (bool, int, complex)):  # its fill's type
+            dtype = (torch.bool if isinstance(args[1], bool) else torch.int64 if isinstance(args[1], int)
+                     else dtype.to_complex())
     else:
         return 0
     dtype, where = kwargs.get("dtype") or dtype, kwargs.get("device") or where
-    if torch.device(where).type != device:
+    if torch.device(where).type != device or any(int(d) == 0 for d in size):
         return 0
+    strides = {_aten.empty_strided.default: 1, _aten.new_empty_strided.default: 2}
+    if func in strides:  # up to its last element
+        return (1 + sum((int(d) - 1) * int(s) for d, s in zip(size, args[strides[func]], strict=True))) * dtype.itemsize
     n = dtype.itemsize
     for d in size:
         n *= int(d)
@@ -706,7 +712,7 @@ class PlanExecutor(OpStream):
             what = self._describe(tid, name)
             self.stats.not_resizable.append(what)
             self._warn_once("fixed", f"{what} cannot be freed in place (its memory belongs to numpy, "
-                            "shared memory, DLPack or a file torch.load mapped (mmap=True), another "
+                            "shared memory, DLPack or a file mapped by torch.load(mmap=True) or safetensors, another "
                             "library resizes it, as FSDP2 does its unsharded parameters, a DataLoader's "
                             "worker processes read it, or it has none: the meta device), so it stays in "
                             "memory; so does every such tensor")
@@ -993,8 +999,9 @@ class PlanExecutor(OpStream):
     # ops on a thread started before teraio (NOTE [ Ops on other threads ] in torch_patch.opstream;
     # a crash, or a write lost), a pointer read teraio does not know (C++ code's, of a larger
     # storage). What cannot go out (what is carried, what the plan keeps in, another device's)
-    # may still take such an iteration over the budget, and so may an op other than a factory
-    # that allocates more than any op of the plan.
+    # may still take such an iteration over the budget, and so may an op that allocates more
+    # than any op of the plan, other than the factories ``_factory_bytes`` knows (``empty``,
+    # ``zeros``, ``ones``, ``full``, ``new_*``; not ``*_like`` nor random ones).
     def _evict_for(self, inputs: list[tuple[int, torch.Tensor, bool]], made: int) -> None:
         """Before an op run on demand: out with the least recently used storages until what the
         op brings back, and the ``made`` bytes it may allocate, fit the budget (NOTE [ On demand
@@ -1790,12 +1797,14 @@ class PlanExecutor(OpStream):
     # an op reads later comes back for it (a fault). A functional collective's input or result is
     # not (a backend may write or read it until it is waited for). A deep copy's storages, made outside
     # any op, count as made. So does what iteration 0 made under its own plan that the steady plan
-    # has no id for (DDP's first bucket, made anew in its second step: carried into that step, it
+    # does not move (DDP's first bucket, made anew in its second step: carried into that step, it
     # was brought back at the boundary and took it to 1.65x the smallest budget); where
     # iteration 0's plan sent such a storage out (for good: NOTE [ The first iteration's plan ] in
     # planner.plan), it stays out. Which of them the steady plan knows is told by its moves, not
     # by the profile's pairs of what iteration 0 carries with what steady iterations do (the
-    # bucket was paired with a smaller storage). So does a storage whose
+    # bucket was paired with a smaller storage). The cost: a storage made before the loop that
+    # the steady plan keeps in and reads (a table held by a plain attribute) goes out once, and
+    # iteration 1 reads it back on demand. So does a storage whose
     # name was let go at the boundary (NOTE [ Names let go ] in torch_patch.opstream), whatever
     # the iteration before did: a first model's weights kept as a state dict while a second model
     # trains went on in memory beside the second's, whose iterations followed the plan at 1.36x its
@@ -1819,9 +1828,10 @@ class PlanExecutor(OpStream):
             if (entry := self.moved.get(tid)) is not None:  # iteration 0's plan sent it out for good
                 if self._ending is Ending.FIRST and not entry.touched and entry.state is not Residency.FETCHING:
                     sent.append(tid)
-            elif storage.nbytes() >= UNTOUCHED_MIN_BYTES and self.movable(storage):
-                self._offload(tid, storage, self._spill, urgent=True)
-                sent.append(tid)
+            elif storage.nbytes() >= UNTOUCHED_MIN_BYTES:
+                self._offload(tid, storage, self._spill, urgent=True)  # (it warns of one it cannot free)
+                if tid in self.moved:
+                    sent.append(tid)
         return sent
 
     def _live_bytes(self, tid: int) -> int | None:

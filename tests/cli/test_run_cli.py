@@ -271,6 +271,44 @@ def test_memory_the_profile_did_not_see_is_said(tmp_path: Path) -> None:
     assert report["iteration_followed"][5:] == [True, True], report["iteration_followed"]
     said = re.search(r"iterations? ([\d, ]+) followed the plan but went over its budget", r.stderr)
     assert said and said.group(1).split(", ")[-2:] == ["5", "6"], r.stderr
+    assert "teraio would send out but cannot free in place" in r.stderr, r.stderr
+
+
+KEEPS_NUMPY = '''
+import numpy as np
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 8))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+kept = []
+for step in range(7):
+    if step == 4:  # a table read from numpy in an evaluation, kept: numpy's memory
+        kept.append(torch.from_numpy(np.random.default_rng(0).random((256, 256), dtype=np.float32)))
+        print(f"table {kept[0].sum().item()!r}", flush=True)
+    loss = model(torch.randn(64, 256)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"step {step} loss {loss.item()!r}", flush=True)
+'''
+
+
+def test_what_an_evaluation_keeps_that_cannot_be_freed_is_said(tmp_path: Path) -> None:
+    """NOTE [ Left over ] in runtime.executor: what an iteration run on demand keeps goes out at the
+    boundary; one teraio cannot free in place (numpy's memory; a sweep's safetensors load_file, a
+    file mapping) stayed in memory without a word, and the iterations after went over the budget
+    (1.42x) with causes that did not apply."""
+    script = tmp_path / "keeps_numpy.py"
+    script.write_text(KEEPS_NUMPY)
+    r = run_teraio("profile", script, "--out", tmp_path / "profile")
+    assert r.returncode == 0, r.stderr
+    r = run_teraio("plan", tmp_path / "profile", "--gpu-mem", "min", "--ssd-bw", "2", "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    r = run_teraio("run", "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path, "--backend", "posix", script)
+    assert r.returncode == 0, r.stderr
+    assert "(262,144 bytes) cannot be freed in place" in r.stderr, r.stderr
+    assert "1 tensor teraio would send out but cannot free in place" in r.stderr, r.stderr
 
 
 STOPS_AT = '''
