@@ -241,9 +241,12 @@ def plan_first(prof: Any, hw: Any) -> Any:
     most = int(need[worst][k])
     if most > hw.gpu_mem_bytes:
         where = f"rank {worst}'s op {k}" if len(problems) > 1 else f"its op {k}"
+        need_s, budget_s = _mib(most), _mib(hw.gpu_mem_bytes)
+        if need_s == budget_s:  # bytes, where the two round alike
+            need_s, budget_s = f"{most:,} bytes", f"{hw.gpu_mem_bytes:,}"
         warn(f"iteration 0 (the script's set-up, and the optimizer making its state) needs "
-             f"{_mib(most)} resident at {where} ({problems[worst].op_names[k]}), more than "
-             f"{_mib(hw.gpu_mem_bytes)}: it is planned for {_mib(most)} and will go over the budget")
+             f"{need_s} resident at {where} ({problems[worst].op_names[k]}), more than the budget's "
+             f"{budget_s}: it is planned for {_mib(most)} and will go over the budget")
     hw0 = replace(hw, gpu_mem_bytes=max(hw.gpu_mem_bytes, most))
     rank_plans = {}
     for r, problem in problems.items():
@@ -414,7 +417,7 @@ def plan(
                                list(problems.values()))
     if gpu_mem is not None and gpu_mem.strip().lower() == "min":
         info(f"--gpu-mem min: planning for {hw.gpu_mem_bytes:,} bytes ({_mib(hw.gpu_mem_bytes)}), the "
-             "smallest capacity any plan can meet")
+             "smallest capacity any plan of the steady iterations can meet")
     elif gpu_mem is not None and gpu_mem.strip().endswith("%"):
         info(f"--gpu-mem {gpu_mem.strip()}: planning for {hw.gpu_mem_bytes:,} bytes ({_mib(hw.gpu_mem_bytes)}) "
              "of the profiled peak")
