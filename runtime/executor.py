@@ -579,12 +579,9 @@ class PlanExecutor(OpStream):
     # a script profiled with other arguments, which ran 1.85x over its budget as followed), is of
     # another tensor: a schedule that orders some ops differently from step to step
     # (PyTorch's ZB-V accumulates weight gradients in a set's order) gives an op's output
-    # another role. That move is left out and the iteration goes on following the plan, but for
-    # a smaller storage of the plan's name, which goes out all the same: it frees less than the
-    # plan counts, whatever its role (left in, the smaller batches of a script that pads each to
-    # one of three bucket lengths ran at 1.109x the smallest budget; a sweep's). An iteration
-    # where more planned offloads find another size than the plan's size counts as one that left
-    # the plan: a plan made for a model of another size is refused so.
+    # another role. That move is left out and the iteration goes on following the plan. An
+    # iteration where more planned offloads find another size than the plan's size counts
+    # as one that left the plan: a plan made for a model of another size is refused so.
     # NOTE [ Named by position ]: a persistent storage's id is its position among the names at a
     # boundary (parameters, their gradients, optimizer states: torch_patch.identity), so where the
     # set of names differs from the profile's, the ids after it shift. A script that freezes a
@@ -626,15 +623,13 @@ class PlanExecutor(OpStream):
                 return
             name = self.persistent.get(tid, (m.name, ""))[0] if m.name is not None else None
             if storage.nbytes() != m.size_bytes or name != m.name:
-                # Another storage than the plan's (NOTE [ Other sizes ]): left alone, but a smaller one
+                # Another storage than the plan's (NOTE [ Other sizes ]): left alone.
                 self._other_sizes += 1
                 self._larger += storage.nbytes() > m.size_bytes
                 if self._first_other_size is None:
                     self._first_other_size = f"op {m.trigger_op}: tensor {tid} " + (
                         f"is {name}, the plan's {m.name}" if name != m.name else
                         f"has {storage.nbytes()} bytes, the plan expects {m.size_bytes}")
-                if name == m.name and 0 < storage.nbytes() < m.size_bytes and self.movable(storage):
-                    self._offload(tid, storage, m.place, m.urgent, m.name, m.priority)
                 return
             self._offloads_started += 1
             if not (m.reuse_copy and self.reuse_copies and self._reuse_copy(tid, storage, m.place)):

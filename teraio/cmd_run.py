@@ -100,8 +100,7 @@ def _summary(r: dict[str, Any], profiled_from: int = 1) -> str:
                          "memory), which stayed in memory; " if r.get("not_resizable") else "") + (
                          f"{r['other_sizes'] - sum(per_iteration)} of the plan's moves in the run that found a "
                          "tensor smaller than the profile's, or of another name (a smaller batch, a shape the data "
-                         "decides): a smaller one goes out all the same, one of another name stayed in memory; "
-                         if r.get("other_sizes", 0) > sum(per_iteration) else "") + (
+                         "decides) and left it in memory; " if r.get("other_sizes", 0) > sum(per_iteration) else "") + (
                          f"{r['failed_writes']} writes that failed (no room left where they went: the "
                          "warning above), whose tensors stayed in memory; " if r.get("failed_writes") else "")
                      + (f"reads on a thread of the script's own of tensors the plan had out ({r['thread_fetches']} "
