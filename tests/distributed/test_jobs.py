@@ -506,6 +506,7 @@ for step in range(7):
         dist.barrier()
     print(f"rank {rank} step {step} loss {loss.item()!r}", flush=True)
 print(f"rank {rank} final {sum(p.sum().item() for p in model.parameters())!r}", flush=True)
+dist.barrier()  # (a rank gone before the other's last all_gather_object is done aborts it: gloo)
 dist.destroy_process_group()
 """
 
