@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import os
 import pickle
 import signal
@@ -257,6 +258,7 @@ _FACTORIES = frozenset({_aten.empty.memory_format, _aten.empty_strided.default, 
                         _aten.ones.default, _aten.full.default})
 _NEW_FACTORIES = frozenset({_aten.new_empty.default, _aten.new_empty_strided.default, _aten.new_zeros.default,
                             _aten.new_ones.default, _aten.new_full.default})
+_STRIDES_AT = {_aten.empty_strided.default: 1, _aten.new_empty_strided.default: 2}  # the strides' argument
 
 
 def _factory_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device: str) -> int:
@@ -273,15 +275,18 @@ def _factory_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dev
     else:
         return 0
     dtype, where = kwargs.get("dtype") or dtype, kwargs.get("device") or where
-    if torch.device(where).type != device or any(int(d) == 0 for d in size):
+    size = [int(d) for d in size]
+    if torch.device(where).type != device or 0 in size:
         return 0
-    strides = {_aten.empty_strided.default: 1, _aten.new_empty_strided.default: 2}
-    if func in strides:  # up to its last element
-        return (1 + sum((int(d) - 1) * int(s) for d, s in zip(size, args[strides[func]], strict=True))) * dtype.itemsize
-    n = dtype.itemsize
-    for d in size:
-        n *= int(d)
-    return n
+    if func in _STRIDES_AT:  # up to its last element
+        return (1 + sum((d - 1) * int(s) for d, s in zip(size, args[_STRIDES_AT[func]], strict=True))) * dtype.itemsize
+    return math.prod(size) * dtype.itemsize
+
+
+def _functional_in_flight(name: str) -> bool:
+    """Whether op ``name`` leaves its tensors in flight until a ``wait_tensor`` (a functional
+    collective; c10d's ops give a ``Work``, which ``_offload`` checks instead)."""
+    return leaves_in_flight(name) and not name.startswith("c10d.")
 
 
 def _memory_of(storage: torch.UntypedStorage) -> int:
@@ -434,7 +439,7 @@ class PlanExecutor(OpStream):
             self._send_again(func, inputs)
         if leaves_in_flight(name):
             self._in_collective.update(tid for tid, _, _ in inputs if PRODUCED_BASE <= tid < LONG_BASE)
-            if self.hold_on_demand and not name.startswith("c10d."):  # NOTE [ On demand within the budget ]
+            if self.hold_on_demand and _functional_in_flight(name):  # NOTE [ On demand within the budget ]
                 self._busy.update(tid for tid, _, _ in inputs)
         if (self.hold_on_demand and self.schedule is None and self.iteration > 0
                 and self.steady.budget_bytes is not None):
@@ -515,7 +520,7 @@ class PlanExecutor(OpStream):
         sizes = self.sizes
         if index in self._watched and self.schedule is self.steady:  # NOTE [ Made anew ]
             self._accessed[index] = tuple(t for t, _, _ in inputs) + tuple(t for t, _, _ in outputs)
-        if self.hold_on_demand and leaves_in_flight(info.name) and not info.name.startswith("c10d."):
+        if self.hold_on_demand and _functional_in_flight(info.name):
             self._busy.update(tid for tid, _, _ in outputs)  # a functional collective's result: written till waited
         for tid, t, new in outputs:
             if new:
@@ -543,7 +548,7 @@ class PlanExecutor(OpStream):
         """A functional collective's input or result, read or written until its ``wait_tensor``,
         is not left over until then (NOTE [ Left over ]; c10d's ops give a ``Work``, whose tensors
         ``_offload`` holds while it runs)."""
-        if leaves_in_flight(name) and not name.startswith("c10d."):
+        if _functional_in_flight(name):
             held = [(tid, self._left_over.pop(tid)) for tid, _, _ in inputs + outputs if tid in self._left_over]
             for tid, _, _ in outputs if held else ():
                 self._until_waited[tid] = held

@@ -153,14 +153,12 @@ class FakeTracer(Tracer):
     # autograd function, ``_FromTorchTensor``, which returns the wrapping: the result itself here,
     # which autograd makes a view, with an op of its own. Its stand-in returns a view of it taken
     # uncounted, whose backward passes the gradient on as the original's does, with no op.
-    def _from_torch_tensor(self) -> Any:
+    def _from_torch_tensor(self, funcol: Any) -> Any:
         stream = self
 
         class FromTorchTensor(torch.autograd.Function):
             @staticmethod
             def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
-                import torch.distributed._functional_collectives as funcol
-
                 funcol._maybe_wrap_tensor(t)
                 stream.uncounted += 1
                 try:
@@ -219,7 +217,7 @@ class FakeTracer(Tracer):
             funcol._maybe_wrap_tensor = self._wrap_as_a_real_run(self._orig_wrap)
             self._orig_from = getattr(funcol, "_FromTorchTensor", None)
             if self._orig_from is not None:
-                funcol._FromTorchTensor = self._from_torch_tensor()  # type: ignore[attr-defined]
+                funcol._FromTorchTensor = self._from_torch_tensor(funcol)  # type: ignore[attr-defined]
         try:
             return super().__enter__()
         except BaseException:
