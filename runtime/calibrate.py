@@ -39,7 +39,10 @@ runtime itself adds):
   over the transfers. Median of ``rounds``, each the median of a dozen steps.
   (130-300 us here, where the per-byte figure makes a 4 KiB tensor's
   transfer 1.5 us. Before the waits were subtracted it measured 280-330 us,
-  about 45% of it waiting.)
+  about 45% of it waiting.) On CUDA (``device="cuda"``) the same steps run on
+  the GPU through the host backend (pinned), each step's kernels waited for:
+  the only figure a GPU profile's plan takes from here (NOTE [ Small transfers
+  on a GPU ] in ``teraio.cmd_plan``).
 
 - ``transfer_latency_s``: the time each transfer holds its channel beyond
   its bytes (NOTE [ Transfer latency ] in ``planner.simulate``), and
@@ -246,22 +249,24 @@ def measure_copy_cost(swap_dir: str | Path | None = None, total_bytes: int = 128
     return statistics.median(costs)
 
 
-def _train_small(steps: int, times: list[float] | None = None) -> None:
+def _train_small(steps: int, times: list[float] | None = None, device: str = "cpu") -> None:
     """A small model's training steps (short ops, as a CPU example's), its parameters made first;
-    each step's seconds appended to ``times``."""
+    each step's seconds appended to ``times`` (on CUDA, until its kernels are done)."""
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
                                 torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 8))
+                                torch.nn.Linear(512, 8)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for _ in range(steps):
         t0 = time.perf_counter()
-        x = torch.randn(128, 64, generator=gen)
+        x = torch.randn(128, 64, generator=gen).to(device)
         loss = model(x).square().mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if device != "cpu":
+            torch.cuda.synchronize()
         if times is not None:
             times.append(time.perf_counter() - t0)
 
@@ -276,14 +281,14 @@ class _SmallPlans:
     everything: Plan
 
     @classmethod
-    def make(cls) -> _SmallPlans:
+    def make(cls, device: str = "cpu") -> _SmallPlans:
         from profiles import inactive_periods, made_bytes
         from torch_patch import ProfileComplete, Tracer
 
         tracer = Tracer(warmup=1, iters=1)
         try:
             with tracer:
-                _train_small(10)
+                _train_small(10, device=device)
         except ProfileComplete:
             pass
         prof = tracer.profile({})
@@ -303,25 +308,26 @@ class _SmallPlans:
                                        period_end_op=end))
 
         def plan(migrations: list[Migration]) -> Plan:  # followed as rank 0's
-            # a CPU plan: followed without starting CUDA (NOTE [ A CPU script on a GPU machine ] in runtime.api)
-            return Plan(signature="", parameters={"host_mem_bytes": 0, "device_type": "cpu"}, summary={},
+            # a CPU plan is followed without starting CUDA (NOTE [ A CPU script on a GPU machine ] in runtime.api)
+            return Plan(signature="", parameters={"host_mem_bytes": 0, "device_type": device}, summary={},
                         migrations={0: migrations},
                         op_names={0: names}, made_bytes={0: made_bytes(prof, rank).tolist()})
 
         return cls(len(names), plan([]), plan(moves))
 
 
-def _step_s(plan: Plan | None, swap_dir: str, steps: int) -> float:
+def _step_s(plan: Plan | None, swap_dir: str, steps: int, device: str = "cpu") -> float:
     """The median step of ``_train_small`` under ``plan`` (None: plainly), iterations 2 on, less
-    the time it waited for transfers (the simulator counts those waits apart, from bandwidth)."""
+    the time it waited for transfers (the simulator counts those waits apart, from bandwidth).
+    Through the posix backend on the CPU, the host backend (pinned) on CUDA."""
     from runtime.api import offload
 
     times: list[float] = []
     if plan is None:
-        _train_small(steps, times)
+        _train_small(steps, times, device)
         return statistics.median(times[2:])  # iterations 0 and 1 warm up
-    with offload(plan, swap_dir=swap_dir, backend="posix", rank=0) as ex:
-        _train_small(steps, times)
+    with offload(plan, swap_dir=swap_dir, backend="posix" if device == "cpu" else "host", rank=0) as ex:
+        _train_small(steps, times, device)
     stalls = ex.stats.iteration_stall_s
     return statistics.median(t - w for t, w in zip(times[2:], stalls[2:], strict=False))
 
@@ -338,10 +344,10 @@ def measure_op_overhead(swap_dir: str | Path | None = None, steps: int = 12, rou
 
 
 def measure_transfer_cost(swap_dir: str | Path | None = None, copy_cost_s_per_byte: float = 0.0,
-                          steps: int = 20, rounds: int = 5) -> float:
-    """Compute seconds each transfer (out or back) takes beyond its bytes' copy cost; see the
-    module docstring."""
-    plans = _SmallPlans.make()
+                          steps: int = 20, rounds: int = 5, device: str = "cpu") -> float:
+    """Compute seconds each transfer (out or back) takes beyond its bytes' copy cost, on ``device``
+    (``cpu`` or ``cuda``); see the module docstring."""
+    plans = _SmallPlans.make(device)
     moves = plans.everything.migrations[0]
     moved_bytes = sum(m.size_bytes for m in moves)
     costs: list[float] = []
@@ -349,7 +355,7 @@ def measure_transfer_cost(swap_dir: str | Path | None = None, copy_cost_s_per_by
         # every transfer costs the compute something: a median of none is a busy machine's noise
         # (the other processes' load landing on one side of the difference), measured again
         while len(costs) < rounds or (statistics.median(costs) <= 0 and len(costs) < 3 * rounds):
-            without, with_moves = _step_s(plans.nothing, d, steps), _step_s(plans.everything, d, steps)
+            without, with_moves = _step_s(plans.nothing, d, steps, device), _step_s(plans.everything, d, steps, device)
             lost = with_moves - without - copy_cost_s_per_byte * moved_bytes
             costs.append(max(lost, 0.0) / len(moves))
     return statistics.median(costs)
@@ -388,7 +394,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description="Measure what moving tensors costs the training on this CPU.")
     p.add_argument("--swap-dir", default=None, help="where the posix backend writes (default: the temp dir)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON (seconds)")
+    p.add_argument("--cuda", action="store_true",
+                   help="only the time each transfer takes the training on this machine's GPU")
     args = p.parse_args()
+    if args.cuda:
+        print(f"{measure_transfer_cost(args.swap_dir, device='cuda') * 1e6:.1f} us per transfer on "
+              f"{torch.cuda.get_device_name()}")
+        return
     costs = measure_cpu_costs(args.swap_dir)
     if args.json:
         print(json.dumps(dataclasses.asdict(costs)))

@@ -1,4 +1,5 @@
-"""The figures of what moving tensors costs the training on this CPU, kept per machine.
+"""The figures of what moving tensors costs the training on this CPU, kept per machine (and the
+one figure a GPU's plans take: each transfer's cost, ``cached_cuda_transfer_cost``).
 
 ``runtime.calibrate`` measures them (10-20 s); ``cached_cpu_costs`` measures
 them once per machine, swap file system and torch version, and keeps them for
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CACHE_DAYS", "CpuCosts", "cache_path", "cached_cpu_costs"]
+__all__ = ["CACHE_DAYS", "CpuCosts", "cache_path", "cached_cpu_costs", "cached_cuda_transfer_cost"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +89,35 @@ def cached_cpu_costs(swap_dir: str | Path | None = None,
     """``measure_cpu_costs`` once per machine, swap file system and torch version, kept for
     ``CACHE_DAYS`` in ``cache_path()``; the figures and how they were had (for a message).
     ``measuring`` is called before a measurement (to say that it takes a while)."""
-    key = _key(swap_dir)
+    def measure() -> dict[str, float]:
+        from runtime.calibrate import measure_cpu_costs
+
+        return dataclasses.asdict(measure_cpu_costs(swap_dir))
+
+    costs, how = _cached(_key(swap_dir), measure, measuring)
+    return CpuCosts(**costs), how
+
+
+def cached_cuda_transfer_cost(measuring: Callable[[], None] | None = None) -> tuple[float, str]:
+    """The seconds each transfer takes the training on this machine's GPU (``runtime.calibrate``'s
+    ``measure_transfer_cost`` on CUDA), kept as ``cached_cpu_costs`` keeps its figures, per GPU
+    model and torch version; the figure and how it was had."""
+    import torch
+
+    def measure() -> dict[str, float]:
+        from runtime.calibrate import measure_transfer_cost
+
+        return {"transfer_cost_s": measure_transfer_cost(device="cuda")}
+
+    key = f"{socket.gethostname()}|cuda|{torch.cuda.get_device_name()}|{_torch_version()}|{METHOD}"
+    costs, how = _cached(key, measure, measuring)
+    return costs["transfer_cost_s"], how
+
+
+def _cached(key: str, measure: Callable[[], dict[str, float]],
+            measuring: Callable[[], None] | None) -> tuple[dict[str, float], str]:
+    """The figures kept under ``key`` in ``cache_path()`` while they are fresh, else ``measure()``'s,
+    kept there (NOTE [ Figures measured beside other work ]); with how they were had."""
     path = cache_path()
     try:
         doc = json.loads(path.read_text())
@@ -98,20 +127,18 @@ def cached_cpu_costs(swap_dir: str | Path | None = None,
         others = float(entry.get("others_cores", 0.0))
         if time.time() - float(entry["measured_at"]) < _kept_s(others):
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(entry["measured_at"])))
-            return CpuCosts(**entry["costs"]), f"measured on this machine {when}{_beside(others)}, kept in " \
-                                               f"{path}; delete it to measure again"
+            return dict(entry["costs"]), f"measured on this machine {when}{_beside(others)}, kept in " \
+                                         f"{path}; delete it to measure again"
     except (OSError, ValueError, KeyError, TypeError):
         doc = {}
     if measuring is not None:
         measuring()
-    from runtime.calibrate import measure_cpu_costs
-
     start = _cpu_now()
-    costs = measure_cpu_costs(swap_dir)
+    costs = measure()
     others = _others_cores(start)
     if not isinstance(doc, dict):
         doc = {}
-    doc[key] = {"measured_at": time.time(), "costs": dataclasses.asdict(costs), "others_cores": others}
+    doc[key] = {"measured_at": time.time(), "costs": costs, "others_cores": others}
     try:  # atomically: parallel plans may measure at once, and the last one's figures stay
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

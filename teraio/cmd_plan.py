@@ -128,6 +128,20 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
         elif not 0 <= value * unit <= 1.0:  # more than a second per byte, op or transfer is a typo
             fail(f"{option}: bad value {text!r}: must be a number from 0 to {1 / unit:.0e}")
         costs[field] = value * unit
+    if profile.meta.get("device_type") == "cuda" and "transfer_cost_s" not in costs:
+        if _cuda_here():
+            from runtime.cpu_costs import cached_cuda_transfer_cost
+
+            costs["transfer_cost_s"], how = cached_cuda_transfer_cost(measuring=lambda: info(
+                "measuring what each transfer costs the training on this machine's GPU, once (--transfer-cost "
+                "gives the figure instead)"))
+            info(f"--transfer-cost auto: {costs['transfer_cost_s'] * 1e6:.0f} us per transfer, the runtime's own "
+                 f"work for each on this GPU ({how}; NOTE [ Small transfers on a GPU ] in teraio/cmd_plan.py)")
+        else:
+            info("--transfer-cost auto: 0 us per transfer: no GPU here to measure the runtime's work for each "
+                 "on, so moving many small tensors looks free to the plan; plan on the machine that trains, "
+                 "or give --transfer-cost (NOTE [ Small transfers on a GPU ] in teraio/cmd_plan.py)")
+        return {field: costs.get(field, defaults[field]) for field in options}, None
     if profile.meta.get("device_type") != "cpu" or len(costs) == len(options):
         return {field: costs.get(field, defaults[field]) for field in options}, None
     from runtime.cpu_costs import cached_cpu_costs
@@ -137,6 +151,25 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
         "CPU; --copy-cost, --op-overhead, --refault-cost, --transfer-cost, --transfer-latency and "
         "--ssd-duplex give the figures instead)"))
     return {field: costs.get(field, getattr(measured, field)) for field in options}, how
+
+
+# NOTE [ Small transfers on a GPU ]: a plan for a GPU counted no cost per transfer, and at a
+# budget a little above another it moved 192 more tensors of 8-32 KiB, which take the link
+# nothing: on an H200 (bench/rok_gpu.py's 2k example, BENCHMARKS.md, 2026-11-28) the plan at
+# 6,188 MiB made 363 migrations to the plan at 5,236 MiB's 182, and ran 353 ms against 326, where
+# it predicted 266 against 285. Each run's time beyond its prediction was 0.24 ms a migration,
+# in both. So `--transfer-cost auto` for a CUDA profile measures the runtime's time per transfer
+# on this machine's GPU (``runtime.calibrate``), where CUDA is here; planned without a GPU, it is
+# 0, as before, and the info line says so.
+
+
+def _cuda_here() -> bool:
+    """Whether this machine has a CUDA device torch can use (torch imported only where a driver is)."""
+    if not Path("/dev/nvidiactl").exists():
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _auto_ssd_bw(profile: Any, read: str | None, write: str | None) -> tuple[str, str | None, str | None]:
@@ -370,7 +403,7 @@ def plan(
         help="Compute time `teraio run` spends on each transfer (out or back) beyond its bytes' copy "
              "cost, in microseconds: its own work for the transfer, which makes moving a small tensor "
              "cost far more than its bytes. auto: measured on this machine for a profile taken on the "
-             "CPU, 0 for any other.")] = "auto",
+             "CPU or on CUDA (on this machine's GPU; 0 where there is none), 0 for any other.")] = "auto",
     transfer_latency: Annotated[str, typer.Option(
         help="Time each transfer to or from the SSD holds its channel before its bytes move, in "
              "microseconds (a worker picking it up, a swap file opened and closed): with the bandwidth, "

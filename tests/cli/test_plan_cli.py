@@ -254,6 +254,28 @@ def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
             measured["costs"][f"posix_{way}_bw_bytes_per_s"], rel=1e-3)
 
 
+def test_a_cuda_profile_counts_each_transfer_where_a_gpu_measures_it(tmp_path: Path) -> None:
+    """NOTE [ Small transfers on a GPU ] in teraio/cmd_plan.py: `--transfer-cost auto` on a CUDA
+    profile measures the runtime's work per transfer on this machine's GPU; without one it is 0,
+    and the plan says why (the other CPU figures stay 0 either way)."""
+    import torch
+
+    prof = synthetic_profile(4, 6, 3, seed=2)
+    write_profile(dataclasses.replace(prof, meta={**prof.meta, "device_type": "cuda"}), tmp_path / "p")
+    r = run_teraio("plan", tmp_path / "p", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--no-compare",
+                   "--out", tmp_path / "plan.json", env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    params = load_plan(tmp_path / "plan.json").parameters
+    assert params["copy_cost_s_per_byte"] == params["op_overhead_s"] == params["transfer_latency_s"] == 0
+    if torch.cuda.is_available():
+        assert "us per transfer, the runtime's own work for each on this GPU" in r.stderr, r.stderr
+        assert params["transfer_cost_s"] > 0
+    else:
+        print("no CUDA here: the GPU's measurement is not made (the message without one is checked)")
+        assert "0 us per transfer: no GPU here to measure" in r.stderr, r.stderr
+        assert params["transfer_cost_s"] == 0
+
+
 def test_scratch_is_shown_planned_for_and_in_the_share_of_the_peak(tmp_path: Path) -> None:
     """NOTE [ Scratch ] in torch_patch.tracer, through the CLI: a profile whose op allocates inside
     itself (as a GPU profile records) shows it in `teraio inspect`, `--gpu-mem 50%` takes half of the
