@@ -284,6 +284,11 @@ def profile(
                      "every step to be planned")
             then = ("`teraio run` follows the plan in iterations like it, leaving tensors of other sizes in "
                     "memory, or runs them on demand where most of the plan's moves find other sizes")
+        elif skipped.get("sizes_first"):  # a batch of another length, whose ops then differ too
+            cause = ("its tensor sizes differ, and then its ops: batches of another length, as packed "
+                     "sequences of two lengths, or an evaluation on batches of another size? pad to one shape "
+                     "for every step to be planned")
+            then = "`teraio run` runs iterations like it on demand"
         else:
             cause, then = "an evaluation or checkpoint between steps?", "`teraio run` runs iterations like it on demand"
         info(f"iteration {skipped['iteration']} is not in the profile: {skipped['reason']} ({cause}); {then}")

@@ -683,9 +683,9 @@ class Tracer(OpStream):
 
     def _keep_shape(self, group: list[tuple[int, Tables]]) -> None:
         self.done = group[:self.iters]
-        self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only}
+        self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only, "sizes_first": sizes_first}
                         for g in self.groups.values() if g is not group for it, t in g
-                        for why, sizes_only, _ in [_difference(self.done[0][1], t)]]
+                        for why, sizes_only, sizes_first in [_difference(self.done[0][1], t)]]
 
     def settle(self) -> bool:
         """At the script's end: keep a complete shape that waited for a larger one which did not

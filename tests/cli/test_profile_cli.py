@@ -129,6 +129,33 @@ def test_script_too_short(tmp_path: Path) -> None:
     assert "ended after 2 iterations" in one_line_error(r.stderr)
 
 
+def test_a_step_of_another_length_set_aside_is_said_to_differ_in_sizes(tmp_path: Path) -> None:
+    """Batches of two lengths, alternating, over a loop of the length's steps: the set-aside
+    iterations' sizes differ first, then their ops. The profile says so, and says to pad, rather
+    than asking about an evaluation (a sweep's packed sequences of two lengths were asked that)."""
+    script = write(tmp_path / "alternating.py", """
+import torch
+torch.manual_seed(0)
+cell = torch.nn.GRUCell(8, 16)
+opt = torch.optim.SGD(cell.parameters(), lr=0.1)
+for step in range(8):
+    x = torch.randn(6 if step % 2 == 0 else 9, 4, 8)
+    h = torch.zeros(4, 16)
+    for t in range(x.shape[0]):
+        h = cell(x[t], h)
+    h.square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+""")
+    r = run_teraio("profile", script, "--out", tmp_path / "p")
+    assert r.returncode == 0, r.stderr
+    assert "iteration 2 is not in the profile" in r.stderr, r.stderr
+    assert "its tensor sizes differ, and then its ops" in r.stderr and "pad to one shape" in r.stderr, r.stderr
+    assert "an evaluation or checkpoint between steps?" not in r.stderr, r.stderr
+    skipped = json.loads((tmp_path / "p" / "meta.json").read_text())["skipped_iterations"]
+    assert [(s["iteration"], s["sizes_first"], s["sizes_only"]) for s in skipped] == [(2, True, False)]
+
+
 PRODUCER = """
 import multiprocessing as mp
 import torch
