@@ -296,7 +296,8 @@ def profile(
     if not_resizable:
         info(f"{not_resizable} storages cannot be freed in place (numpy, shared memory, DLPack or "
              "torch.load(mmap=True) memory, memory handed out through DLPack, a DDP communication "
-             "hook's, what data loading reads, or written where teraio cannot see): they stay in "
+             "hook's, FSDP2's unsharded parameters, which it resizes itself, what data loading reads, or "
+             "written where teraio cannot see): they stay in "
              "memory; `teraio inspect` lists them")
     if tracer.num_unseen_unnamed:  # NOTE [ Writes teraio cannot see ] in torch_patch/tracer.py
         info(f"{tracer.num_unseen_unnamed} tensors that no model or optimizer names (a batch "
