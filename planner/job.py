@@ -82,7 +82,7 @@ import numpy as np
 from planner.errors import JobGraphError
 from planner.problem import PlanProblem
 from planner.simulate import SimResult
-from profiles.views import functional_collective
+from profiles.ops import functional_collective
 
 __all__ = ["RECV", "SEND", "JobPrediction", "RankOps", "is_collective", "job_graph", "predict_job",
            "rank_ops", "rank_ops_from_kernels"]

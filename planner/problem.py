@@ -52,7 +52,7 @@ import pandas as pd
 from planner.errors import InfeasibleBudgetError
 from profiles import Profile, active_bytes, inactive_periods, made_bytes, memory_curve
 from profiles.ids import CARRIED_FLAG
-from profiles.views import is_view_op, leaves_in_flight
+from profiles.ops import is_view_op, leaves_in_flight
 
 __all__ = ["PlanProblem", "check_capacity", "cyclic_add", "first_problem", "median_durations_us",
            "problem_from_profile", "resident_need_bytes", "written_unseen"]

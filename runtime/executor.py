@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.plan import Migration, Plan
 from profiles.ids import CARRIED_FLAG, INPUT_BASE, LONG_BASE, PRODUCED_BASE, produced_op
-from profiles.views import UNTOUCHED_MIN_BYTES, leaves_in_flight
+from profiles.ops import UNTOUCHED_MIN_BYTES, leaves_in_flight
 from runtime.backends import Backend, BackendFull, HostBackend
 from runtime.boundary import Ending, Schedule, at_boundary
 from runtime.engine import Job, MigrationEngine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from profiles.views import VIEW_OPS, is_view_op, leaves_in_flight
+from profiles.ops import VIEW_OPS, is_view_op, leaves_in_flight
 
 
 def _views_by_schema(name: str) -> bool:
