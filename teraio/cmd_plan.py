@@ -164,8 +164,9 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
 
 
 def _cuda_here() -> bool:
-    """Whether this machine has a CUDA device torch can use (torch imported only where a driver is)."""
-    if not Path("/dev/nvidiactl").exists():
+    """Whether this machine has a CUDA device torch can use (torch imported only where a driver's
+    device node is: NVIDIA's, WSL's, or ROCm's, which torch.cuda drives too)."""
+    if not any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")):
         return False
     import torch
 
