@@ -102,8 +102,8 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
     had (None: given, or the default).
 
     ``auto`` measures a figure here (``runtime.calibrate``) for a profile taken on the CPU, where
-    the cores that train also copy, and is 0 (a duplex 1) for any other profile. Exits 2 naming a
-    bad value.
+    the cores that train also copy, and is 0 (a duplex 1) for any other profile, but for a CUDA
+    profile's per-transfer figure (``_gpu_transfer_cost``). Exits 2 naming a bad value.
     """
     options = {  # Hardware field: (option, its text, seconds per unit of the option)
         "copy_cost_s_per_byte": ("--copy-cost", copy_cost, 1e-9),
@@ -129,19 +129,7 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
             fail(f"{option}: bad value {text!r}: must be a number from 0 to {1 / unit:.0e}")
         costs[field] = value * unit
     if profile.meta.get("device_type") == "cuda" and "transfer_cost_s" not in costs:
-        if _cuda_here():
-            from runtime.cpu_costs import cached_cuda_transfer_cost
-
-            costs["transfer_cost_s"], how = cached_cuda_transfer_cost(measuring=lambda: info(
-                "measuring what each transfer costs the training on this machine's GPU, once (--transfer-cost "
-                "gives the figure instead)"))
-            info(f"--transfer-cost auto: {costs['transfer_cost_s'] * 1e6:.0f} us per transfer, the runtime's own "
-                 f"work for each on this GPU ({how}; NOTE [ Small transfers on a GPU ] in teraio/cmd_plan.py)")
-        else:
-            info("--transfer-cost auto: 0 us per transfer: no GPU here to measure the runtime's work for each "
-                 "on, so moving many small tensors looks free to the plan; plan on the machine that trains, "
-                 "or give --transfer-cost (NOTE [ Small transfers on a GPU ] in teraio/cmd_plan.py)")
-        return {field: costs.get(field, defaults[field]) for field in options}, None
+        costs["transfer_cost_s"] = _gpu_transfer_cost()
     if profile.meta.get("device_type") != "cpu" or len(costs) == len(options):
         return {field: costs.get(field, defaults[field]) for field in options}, None
     from runtime.cpu_costs import cached_cpu_costs
@@ -161,6 +149,30 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
 # in both. So `--transfer-cost auto` for a CUDA profile measures the runtime's time per transfer
 # on this machine's GPU (``runtime.calibrate``), where CUDA is here; planned without a GPU, it is
 # 0, as before, and the info line says so.
+
+
+def _gpu_transfer_cost() -> float:
+    """``--transfer-cost auto`` for a CUDA profile: seconds, measured on this machine's GPU (or
+    read from the cache), 0 where there is none or the measurement fails; said either way."""
+    why = "no GPU here to measure the runtime's work for each on"
+    if _cuda_here():
+        from runtime.cpu_costs import cached_cuda_transfer_cost
+
+        try:
+            cost, how = cached_cuda_transfer_cost(measuring=lambda: info(
+                "measuring what each transfer costs the training on this machine's GPU, once "
+                "(--transfer-cost gives the figure instead)"))
+        except Exception as exc:  # noqa: BLE001 - a GPU another job fills, a driver error: planned without
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            why = f"measuring it on this GPU failed ({type(exc).__name__}: {first})"
+        else:
+            info(f"--transfer-cost auto: {cost * 1e6:.0f} us per transfer, the runtime's own work for each on "
+                 f"this GPU ({how}; NOTE [ Small transfers on a GPU ] in teraio/cmd_plan.py)")
+            return cost
+    info(f"--transfer-cost auto: 0 us per transfer: {why}, so moving many small tensors looks free to the "
+         "plan; plan on the machine that trains, or give --transfer-cost (NOTE [ Small transfers on a GPU ] "
+         "in teraio/cmd_plan.py)")
+    return 0.0
 
 
 def _cuda_here() -> bool:
