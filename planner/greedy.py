@@ -257,8 +257,8 @@ class _Planner:
 
     def _cost_s(self, cand: np.ndarray, target: str, size: np.ndarray) -> np.ndarray:
         """Seconds of each period's transfers on ``target`` (out, and back unless trailing), each
-        with the runtime's own work for it (``transfer_cost_s``, 0 on a GPU: on a CPU it makes a
-        small tensor's move cost far more than its bytes)."""
+        with the runtime's own work for it (``transfer_cost_s``: it makes a small tensor's move
+        cost far more than its bytes)."""
         bw, back = self.hw.channel_bw(), self.p.reads_back[cand]
         per_byte = 1 / bw[f"{target}_write"] + np.where(back, 1 / bw[f"{target}_read"], 0.0)
         return size * per_byte + (1 + back) * self.hw.transfer_cost_s

@@ -60,7 +60,8 @@ class Hardware:
     its peak (NOTE [ Copies on the compute ]); 0 on a GPU, measured on a CPU."""
     transfer_cost_s: float = 0.0
     """Compute time each transfer (out or back) takes beyond its bytes' copy cost, seconds: the
-    runtime's own work for it (NOTE [ Copies on the compute ]); 0 on a GPU, measured on a CPU."""
+    runtime's own work for it (NOTE [ Copies on the compute ]); measured on a CPU, and on a GPU for a
+    CUDA profile planned there (NOTE [ Small transfers on a GPU ] in teraio/cmd_plan.py)."""
     transfer_latency_s: float = 0.0
     """SSD channel time each transfer to or from the SSD takes before its bytes move, seconds (NOTE [
     Transfer latency ] in ``planner.simulate``): 0 on a GPU, measured on a CPU."""

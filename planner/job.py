@@ -94,7 +94,7 @@ _AGAIN = "are the ranks' profiles of the same job and iteration? profile the job
 
 def is_collective(op_name: str) -> bool:
     """An op that every rank of the job takes part in: anything c10d but send and recv, and a
-    functional collective (``profiles.views.functional_collective``)."""
+    functional collective (``profiles.ops.functional_collective``)."""
     if op_name.startswith("c10d."):
         return op_name not in (SEND, RECV)
     return functional_collective(op_name)

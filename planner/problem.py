@@ -15,7 +15,7 @@ a tensor stays active from a collective to its next access (a correct program
 waits before it touches it again): the inactive period that starts at a
 collective, trailing ones included, is never planned. So too for the functional
 collectives (``_c10d_functional.*``, which DTensor and tensor parallelism use),
-whose result is filled until an op on it waits (``profiles.views.leaves_in_flight``):
+whose result is filled until an op on it waits (``profiles.ops.leaves_in_flight``):
 planned, a job whose rank 1 reached its all-reduce 50 ms late had the result
 sent out and back while gloo filled it, and trained to other losses, then crashed.
 A view of that result is taken without waiting, so a period that starts at a

@@ -78,8 +78,9 @@ FREE_BW = 1e30  # bytes/s
 # (NOTE [ malloc on CPU ] in runtime/memory.py), which the next iteration faults
 # in again up to its peak: ``refault_s_per_byte`` times the previous
 # iteration's resident peak over what is resident when the iteration starts,
-# added to its first op. All four are 0 for a GPU, where the prediction is the
-# profiled ops and the stalls alone.
+# added to its first op. On a GPU only the per-transfer figure is charged (measured
+# on the GPU: NOTE [ Small transfers on a GPU ] in teraio/cmd_plan.py); the other
+# three are 0 there, where the prediction is the profiled ops and the stalls.
 
 # NOTE [ Transfer latency ]: a transfer to or from the SSD holds its channel for
 # ``transfer_latency_s`` before its first byte moves (the runtime's worker picking it
@@ -534,7 +535,7 @@ def simulate(problem: PlanProblem, moves: Sequence[Move], bw_bytes_per_s: dict[s
     host_read``; ``capacity_bytes`` may be ``inf`` (nothing waits for memory).
     ``copy_cost_s_per_byte``, ``op_overhead_s``, ``refault_s_per_byte`` and
     ``transfer_cost_s``: NOTE [ Copies on the compute ] (``Hardware``'s fields of those names;
-    0 for a GPU). ``transfer_latency_s``: NOTE [ Transfer latency ]. ``ssd_duplex``,
+    on a GPU all but ``transfer_cost_s`` are 0). ``transfer_latency_s``: NOTE [ Transfer latency ]. ``ssd_duplex``,
     ``host_duplex``: NOTE [ Duplex ].
     """
     if num_iterations < 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = ["UNTOUCHED_MIN_BYTES", "VIEW_OPS", "functional_collective", "is_view_op", "leaves_in_flight"]
 
-UNTOUCHED_MIN_BYTES = 1 << 16  # NOTE [ Untouched storages ], NOTE [ Random states ]
+UNTOUCHED_MIN_BYTES = 1 << 16  # NOTE [ Untouched storages ] and NOTE [ Random states ] in profiles.views
 
 
 _FUNCTIONAL = ("_c10d_functional.", "_c10d_functional_autograd.", "c10d_functional.")

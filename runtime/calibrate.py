@@ -398,8 +398,11 @@ def main() -> None:
                    help="only the time each transfer takes the training on this machine's GPU")
     args = p.parse_args()
     if args.cuda:
-        print(f"{measure_transfer_cost(args.swap_dir, device='cuda') * 1e6:.1f} us per transfer on "
-              f"{torch.cuda.get_device_name()}")
+        if not torch.cuda.is_available():
+            raise SystemExit("runtime.calibrate: --cuda: no CUDA device here")
+        cost = measure_transfer_cost(args.swap_dir, device="cuda")
+        print(json.dumps({"transfer_cost_s": cost}) if args.json else
+              f"{cost * 1e6:.1f} us per transfer on {torch.cuda.get_device_name()}")
         return
     costs = measure_cpu_costs(args.swap_dir)
     if args.json:

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["CACHE_DAYS", "CpuCosts", "cache_path", "cached_cpu_costs", "cached_cuda_transfer_cost"]
 
@@ -94,7 +95,8 @@ def cached_cpu_costs(swap_dir: str | Path | None = None,
 
         return dataclasses.asdict(measure_cpu_costs(swap_dir))
 
-    costs, how = _cached(_key(swap_dir), measure, measuring)
+    fields = tuple(f.name for f in dataclasses.fields(CpuCosts))
+    costs, how = _cached(_key(swap_dir), fields, measure, measuring)
     return CpuCosts(**costs), how
 
 
@@ -110,34 +112,50 @@ def cached_cuda_transfer_cost(measuring: Callable[[], None] | None = None) -> tu
         return {"transfer_cost_s": measure_transfer_cost(device="cuda")}
 
     key = f"{socket.gethostname()}|cuda|{torch.cuda.get_device_name()}|{_torch_version()}|{METHOD}"
-    costs, how = _cached(key, measure, measuring)
+    costs, how = _cached(key, ("transfer_cost_s",), measure, measuring)
     return costs["transfer_cost_s"], how
 
 
-def _cached(key: str, measure: Callable[[], dict[str, float]],
-            measuring: Callable[[], None] | None) -> tuple[dict[str, float], str]:
-    """The figures kept under ``key`` in ``cache_path()`` while they are fresh, else ``measure()``'s,
-    kept there (NOTE [ Figures measured beside other work ]); with how they were had."""
-    path = cache_path()
+def _read(path: Path) -> dict[str, Any]:
+    """The cache file's entries; none where it is missing or damaged."""
     try:
         doc = json.loads(path.read_text())
-        entry = doc[key]
-        if not isinstance(entry, dict):
-            raise TypeError("not an entry")
-        others = float(entry.get("others_cores", 0.0))
-        if time.time() - float(entry["measured_at"]) < _kept_s(others):
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(entry["measured_at"])))
-            return dict(entry["costs"]), f"measured on this machine {when}{_beside(others)}, kept in " \
-                                         f"{path}; delete it to measure again"
-    except (OSError, ValueError, KeyError, TypeError):
-        doc = {}
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _fresh(entry: Any, fields: tuple[str, ...]) -> tuple[dict[str, float], float, float] | None:
+    """(the figures, when measured, others' cores then) of a cache entry that holds exactly
+    ``fields`` as numbers and is still kept (NOTE [ Figures measured beside other work ]); None
+    for any other (measured again)."""
+    try:
+        costs = {name: float(value) for name, value in entry["costs"].items()}
+        measured_at, others = float(entry["measured_at"]), float(entry.get("others_cores", 0.0))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    if set(costs) != set(fields) or time.time() - measured_at >= _kept_s(others):
+        return None
+    return costs, measured_at, others
+
+
+def _cached(key: str, fields: tuple[str, ...], measure: Callable[[], dict[str, float]],
+            measuring: Callable[[], None] | None) -> tuple[dict[str, float], str]:
+    """The figures (``fields``) kept under ``key`` in ``cache_path()`` while they are fresh, else
+    ``measure()``'s, added there beside the other keys' (a CPU's and a GPU's figures on one machine);
+    with how they were had."""
+    path = cache_path()
+    kept = _fresh(_read(path).get(key), fields)
+    if kept is not None:
+        costs, measured_at, others = kept
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(measured_at))
+        return costs, f"measured on this machine {when}{_beside(others)}, kept in {path}; delete it to measure again"
     if measuring is not None:
         measuring()
     start = _cpu_now()
     costs = measure()
     others = _others_cores(start)
-    if not isinstance(doc, dict):
-        doc = {}
+    doc = _read(path)  # again: another plan may have added its figures meanwhile
     doc[key] = {"measured_at": time.time(), "costs": costs, "others_cores": others}
     try:  # atomically: parallel plans may measure at once, and the last one's figures stay
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,8 +164,8 @@ def _cached(key: str, measure: Callable[[], dict[str, float]],
         tmp.replace(path)
     except OSError:
         pass  # a read-only home: measured again next time
-    kept = f"{CACHE_DAYS} days" if others <= BUSY_CORES else "an hour"
-    return costs, f"measured on this machine now{_beside(others)}, kept in {path} for {kept}"
+    kept_for = f"{CACHE_DAYS} days" if others <= BUSY_CORES else "an hour"
+    return costs, f"measured on this machine now{_beside(others)}, kept in {path} for {kept_for}"
 
 
 def _kept_s(others_cores: float) -> float:

@@ -128,7 +128,8 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
         elif not 0 <= value * unit <= 1.0:  # more than a second per byte, op or transfer is a typo
             fail(f"{option}: bad value {text!r}: must be a number from 0 to {1 / unit:.0e}")
         costs[field] = value * unit
-    if profile.meta.get("device_type") == "cuda" and "transfer_cost_s" not in costs:
+    fake = profile.meta.get("mode") == "fake"  # a GPU it models, not this machine's: 0, as before
+    if profile.meta.get("device_type") == "cuda" and not fake and "transfer_cost_s" not in costs:
         costs["transfer_cost_s"] = _gpu_transfer_cost()
     if profile.meta.get("device_type") != "cpu" or len(costs) == len(options):
         return {field: costs.get(field, defaults[field]) for field in options}, None
@@ -147,8 +148,12 @@ def cpu_costs_from_options(profile: Any, copy_cost: str, op_overhead: str, refau
 # 6,188 MiB made 363 migrations to the plan at 5,236 MiB's 182, and ran 353 ms against 326, where
 # it predicted 266 against 285. Each run's time beyond its prediction was 0.24 ms a migration,
 # in both. So `--transfer-cost auto` for a CUDA profile measures the runtime's time per transfer
-# on this machine's GPU (``runtime.calibrate``), where CUDA is here; planned without a GPU, it is
-# 0, as before, and the info line says so.
+# on this machine's GPU (``runtime.calibrate``: the small model's steps, every idle stretch moved
+# through the host backend, pinned, as bench/rok_gpu.py runs; the posix backend, which `teraio
+# run` takes without kvikio, costs the CPU more per transfer, 304 against 133 us on this 2-core
+# machine, and may on a GPU machine too), where CUDA is here; planned without a GPU, or where the
+# measurement fails, it is 0, as before, and the info line says so. A fake profile (`teraio
+# profile --fake`) models a GPU that is not this machine's: 0, and no line.
 
 
 def _gpu_transfer_cost() -> float:

@@ -257,7 +257,7 @@ def test_a_cpu_profile_measures_the_costs_here_once(tmp_path: Path) -> None:
 def test_a_cuda_profile_counts_each_transfer_where_a_gpu_measures_it(tmp_path: Path) -> None:
     """NOTE [ Small transfers on a GPU ] in teraio/cmd_plan.py: `--transfer-cost auto` on a CUDA
     profile measures the runtime's work per transfer on this machine's GPU; without one it is 0,
-    and the plan says why (the other CPU figures stay 0 either way)."""
+    and the plan says why (the other CPU figures stay 0 either way). A fake profile's is 0."""
     import torch
 
     prof = synthetic_profile(4, 6, 3, seed=2)
@@ -274,6 +274,14 @@ def test_a_cuda_profile_counts_each_transfer_where_a_gpu_measures_it(tmp_path: P
         print("no CUDA here: the GPU's measurement is not made (the message without one is checked)")
         assert "0 us per transfer: no GPU here to measure" in r.stderr, r.stderr
         assert params["transfer_cost_s"] == 0
+    # a fake profile models another GPU than this machine's: 0, and nothing said
+    write_profile(dataclasses.replace(prof, meta={**prof.meta, "device_type": "cuda", "mode": "fake"}),
+                  tmp_path / "fake")
+    r = run_teraio("plan", tmp_path / "fake", "--gpu-mem", "1.5G", "--ssd-bw", "16", "--no-compare",
+                   "--out", tmp_path / "fake.json", env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    assert "--transfer-cost auto" not in r.stderr, r.stderr
+    assert load_plan(tmp_path / "fake.json").parameters["transfer_cost_s"] == 0
 
 
 def test_scratch_is_shown_planned_for_and_in_the_share_of_the_peak(tmp_path: Path) -> None:

@@ -70,3 +70,28 @@ def test_figures_cached_before_the_others_were_counted_are_read_as_quiet(tmp_pat
     path.write_text(json.dumps({_key(tmp_path): {"measured_at": time.time() - 86400, "costs": FIGURES.__dict__}}))
     figures, how = cached_cpu_costs(tmp_path, measuring=_measuring)
     assert figures == FIGURES and "busy" not in how
+
+
+def test_figures_of_another_key_stay_and_an_entry_of_other_fields_is_measured_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU's and a GPU's figures share the file: measuring one keeps the other (a review found
+    a miss wiping every other key, so each kind of plan measured again after the other). An
+    entry whose fields differ (a field added since) is measured again, not a crash."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = cpu_costs.cache_path()
+    path.parent.mkdir(parents=True)
+    entry = {"measured_at": time.time(), "costs": FIGURES.__dict__, "others_cores": 0.0}
+    path.write_text(json.dumps({_key(tmp_path): entry}))
+    costs, how = cpu_costs._cached("gpu", ("transfer_cost_s",), lambda: {"transfer_cost_s": 3e-4}, None)
+    assert costs == {"transfer_cost_s": 3e-4} and "now" in how
+    assert cached_cpu_costs(tmp_path, measuring=_measuring)[0] == FIGURES  # still there
+    assert cpu_costs._cached("gpu", ("transfer_cost_s",), _measuring_figures, None)[0] == {"transfer_cost_s": 3e-4}
+    doc = json.loads(path.read_text())
+    doc[_key(tmp_path)]["costs"] = {**FIGURES.__dict__, "a_field_added_since": 1.0}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(Measuring):
+        cached_cpu_costs(tmp_path, measuring=_measuring)
+
+
+def _measuring_figures() -> dict[str, float]:
+    raise Measuring
