@@ -421,7 +421,8 @@ def plan(
         help="Compute time `teraio run` spends on each transfer (out or back) beyond its bytes' copy "
              "cost, in microseconds: its own work for the transfer, which makes moving a small tensor "
              "cost far more than its bytes. auto: measured on this machine for a profile taken on the "
-             "CPU or on CUDA (on this machine's GPU; 0 where there is none), 0 for any other.")] = "auto",
+             "CPU or on CUDA (on this machine's GPU; 0 where there is none), 0 for a fake profile and any "
+             "other.")] = "auto",
     transfer_latency: Annotated[str, typer.Option(
         help="Time each transfer to or from the SSD holds its channel before its bytes move, in "
              "microseconds (a worker picking it up, a swap file opened and closed): with the bandwidth, "
