@@ -290,7 +290,8 @@ def profile(
                      "for every step to be planned")
             then = "`teraio run` runs iterations like it on demand"
         else:
-            cause, then = "an evaluation or checkpoint between steps?", "`teraio run` runs iterations like it on demand"
+            cause = "an evaluation or checkpoint between steps, or a branch some steps take?"
+            then = "`teraio run` runs iterations like it on demand"
         info(f"iteration {skipped['iteration']} is not in the profile: {skipped['reason']} ({cause}); {then}")
     not_resizable = int((~prof.tensors["resizable"]).sum())
     if not_resizable:

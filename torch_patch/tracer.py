@@ -145,9 +145,14 @@ def _larger(a: Tables, b: Tables) -> bool:
 def _difference(a: Tables, b: Tables) -> tuple[str, bool, bool]:
     """How iteration tables ``b`` differ from ``a``, in words; whether only sizes differ; and
     whether sizes differ first (alone, or before the ops do: a packed sequence of other lengths
-    runs other ops, and so does an evaluation on batches of another size)."""
+    runs other ops, and so does an evaluation on batches of another size).
+
+    An op on another parameter, state or library buffer than the same op's there (a branch some
+    steps take, into a layer of the ops of the one it skips) differs in its ops, not its sizes,
+    where it comes first: a sweep found such a branch told to pad its batches."""
     names_a, names_b = a[0]["op_name"].tolist(), b[0]["op_name"].tolist()
     sizes_a, sizes_b = _accessed_sizes(a), _accessed_sizes(b)
+    ids_a, ids_b = a[2]["tensor_id"].to_numpy(), b[2]["tensor_id"].to_numpy()
     if names_a != names_b:
         k = next((i for i, (x, y) in enumerate(zip(names_a, names_b, strict=False)) if x != y),
                  min(len(names_a), len(names_b)))
@@ -157,20 +162,44 @@ def _difference(a: Tables, b: Tables) -> tuple[str, bool, bool]:
         # evaluation's output, read at op 0) differ between iterations of one shape
         ops_a, ops_b = a[2]["op_index"].to_numpy(), b[2]["op_index"].to_numpy()
         if (ops_a < k).sum() == (ops_b < k).sum():
-            own = (a[2]["tensor_id"].to_numpy()[ops_a < k] & CARRIED_FLAG == 0) & (
-                b[2]["tensor_id"].to_numpy()[ops_b < k] & CARRIED_FLAG == 0)
-            before_a, before_b = sizes_a[ops_a < k], sizes_b[ops_b < k]
-            differ = own & (before_a != before_b)
-            if differ.any():
-                i = int(np.argmax(differ))
+            before_a, before_b = ids_a[ops_a < k], ids_b[ops_b < k]
+            own = (before_a & CARRIED_FLAG == 0) & (before_b & CARRIED_FLAG == 0)
+            i = _first_size_change(before_a, before_b, sizes_a[ops_a < k], sizes_b[ops_b < k], own)
+            if i is not None:
                 op = int(ops_b[ops_b < k][i])
-                return f"op {op} uses a tensor of {before_b[i]:,} bytes, not {before_a[i]:,}, and {what}", False, True
+                return (f"op {op} uses a tensor of {sizes_b[ops_b < k][i]:,} bytes, not {sizes_a[ops_a < k][i]:,}, "
+                        f"and {what}"), False, True
         return what, False, False
-    if len(sizes_a) == len(sizes_b) and (sizes_a != sizes_b).any():
-        i = int(np.argmax(sizes_a != sizes_b))
-        op = int(b[2]["op_index"].iloc[i])
-        return f"op {op} uses a tensor of {sizes_b[i]:,} bytes, not {sizes_a[i]:,}", True, True
+    if len(sizes_a) == len(sizes_b):
+        i = _first_size_change(ids_a, ids_b, sizes_a, sizes_b, np.ones(len(ids_a), bool))
+        if i is not None:
+            op = int(b[2]["op_index"].iloc[i])
+            return f"op {op} uses a tensor of {sizes_b[i]:,} bytes, not {sizes_a[i]:,}", True, True
+        other = _on_other_named(ids_a, ids_b)
+        if other.any():
+            op = int(b[2]["op_index"].iloc[int(np.argmax(other))])
+            return f"op {op} uses another parameter, state or buffer kept across steps than there", False, False
     return f"its ops use {len(sizes_b)} tensors, not {len(sizes_a)}", False, False
+
+
+def _on_other_named(ids_a: np.ndarray, ids_b: np.ndarray) -> np.ndarray:
+    """Of aligned accesses, those on two storages kept across steps (a parameter, a state, a
+    library's buffer) that are not one."""
+    named = (ids_a < PRODUCED_BASE) | (ids_a >= LONG_BASE) | (ids_b < PRODUCED_BASE) | (ids_b >= LONG_BASE)
+    return named & ((ids_a & ~CARRIED_FLAG) != (ids_b & ~CARRIED_FLAG))
+
+
+def _first_size_change(ids_a: np.ndarray, ids_b: np.ndarray, sizes_a: np.ndarray, sizes_b: np.ndarray,
+                       counted: np.ndarray) -> int | None:
+    """The first of the aligned ``counted`` accesses whose tensor's size differs, unless one on
+    another storage kept across steps comes first or with it (the ops differ there); None where
+    none differs so."""
+    differ = counted & (sizes_a != sizes_b)
+    if not differ.any():
+        return None
+    other = counted & _on_other_named(ids_a, ids_b)
+    i = int(np.argmax(differ))
+    return None if other.any() and int(np.argmax(other)) <= i else i
 
 
 def _kept_tensors(group: list[Tables]) -> pd.DataFrame:

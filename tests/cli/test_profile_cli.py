@@ -129,31 +129,46 @@ def test_script_too_short(tmp_path: Path) -> None:
     assert "ended after 2 iterations" in one_line_error(r.stderr)
 
 
-def test_a_step_of_another_length_set_aside_is_said_to_differ_in_sizes(tmp_path: Path) -> None:
-    """Batches of two lengths, alternating, over a loop of the length's steps: the set-aside
-    iterations' sizes differ first, then their ops. The profile says so, and says to pad, rather
-    than asking about an evaluation (a sweep's packed sequences of two lengths were asked that)."""
-    script = write(tmp_path / "alternating.py", """
-import torch
-torch.manual_seed(0)
-cell = torch.nn.GRUCell(8, 16)
-opt = torch.optim.SGD(cell.parameters(), lr=0.1)
-for step in range(8):
+ALTERNATING = {  # what changes every other step: (the step's lines, what the profile should say)
+    "length": ("""
     x = torch.randn(6 if step % 2 == 0 else 9, 4, 8)
     h = torch.zeros(4, 16)
     for t in range(x.shape[0]):
         h = cell(x[t], h)
-    h.square().mean().backward()
+    loss = h.square().mean()
+""", "its tensor sizes differ, and then its ops", True),
+    # a branch into a layer like the one it skips: the same op names on another parameter (a sweep
+    # found it told to pad its batches)
+    "branch": ("""
+    h = cell(torch.randn(4, 8), torch.zeros(4, 16))
+    loss = (extra(h) if step % 2 else head(h)).square().mean()
+""", "(an evaluation or checkpoint between steps, or a branch some steps take?)", False),
+}
+
+
+@pytest.mark.parametrize("change", ALTERNATING)
+def test_a_step_set_aside_is_said_to_differ_in_what_it_differs_in(change: str, tmp_path: Path) -> None:
+    """Batches of two lengths over a loop of the length's steps: the set-aside iterations' sizes
+    differ first, then their ops, and the profile says to pad, rather than asking about an
+    evaluation (a sweep's packed sequences of two lengths were asked that). A branch into another
+    layer of the same ops: its ops differ, though their tensors' sizes differ first too."""
+    body, said, sizes_first = ALTERNATING[change]
+    script = write(tmp_path / "alternating.py", """
+import torch
+torch.manual_seed(0)
+cell, head, extra = torch.nn.GRUCell(8, 16), torch.nn.Linear(16, 1), torch.nn.Linear(16, 16)
+opt = torch.optim.SGD([*cell.parameters(), *head.parameters(), *extra.parameters()], lr=0.1)
+for step in range(8):""" + body + """
+    loss.backward()
     opt.step()
     opt.zero_grad()
 """)
     r = run_teraio("profile", script, "--out", tmp_path / "p")
     assert r.returncode == 0, r.stderr
-    assert "iteration 2 is not in the profile" in r.stderr, r.stderr
-    assert "its tensor sizes differ, and then its ops" in r.stderr and "pad to one shape" in r.stderr, r.stderr
-    assert "an evaluation or checkpoint between steps?" not in r.stderr, r.stderr
+    assert "is not in the profile" in r.stderr and said in r.stderr, r.stderr
+    assert ("pad to one shape" in r.stderr) == sizes_first, r.stderr
     skipped = json.loads((tmp_path / "p" / "meta.json").read_text())["skipped_iterations"]
-    assert [(s["iteration"], s["sizes_first"], s["sizes_only"]) for s in skipped] == [(2, True, False)]
+    assert skipped and all(s["sizes_first"] == sizes_first and not s["sizes_only"] for s in skipped), skipped
 
 
 PRODUCER = """
