@@ -73,8 +73,9 @@ def _summary(r: dict[str, Any], profiled_from: int = 1) -> str:
                          f"ones (a layer unfrozen, a head added?); profile past the change (teraio profile "
                          f"--warmup {since + 1}) and plan again")
         elif len(unfollowed) >= 3 and 3 * len(unfollowed) >= n - 1:
-            lines.append(f"{len(unfollowed)} of {n - 1} iterations after the first ran on demand, here and there: "
-                         "their ops differ from the plan's (an evaluation every few steps, or ops the data "
+            first = max(profiled_from, 1)  # those before it the count leaves out (the list above does not)
+            lines.append(f"{len(unfollowed)} of the {n - first} iterations from {first} on ran on demand, here and "
+                         "there: their ops differ from the plan's (an evaluation every few steps, or ops the data "
                          "decides: a loop whose length it decides, as an episode's, a branch some steps take, a "
                          "model called a varying number of times); a plan holds one sequence of ops, so such "
                          "steps run on demand: make every training step run the same ops (pad to a fixed "

@@ -376,7 +376,7 @@ def test_a_run_whose_steps_changed_after_the_profiled_ones_says_to_profile_past_
     # and so had four before them: no profile past a change helps, and the message said one would
     varying = _summary(report([1, 3, 4, 5, 7, 8, 9], 10))
     assert "every iteration" not in varying and "--warmup" not in varying
-    assert "7 of 9 iterations after the first ran on demand, here and there: their ops differ from the plan's" \
+    assert "7 of the 9 iterations from 1 on ran on demand, here and there: their ops differ from the plan's" \
         in varying
     # evaluations at steps 20 and 40, then a change from 60 on (a review): a change still
     assert "every iteration from 60 on" in _summary(report([20, 40, *range(60, 100)], 100))
@@ -385,6 +385,10 @@ def test_a_run_whose_steps_changed_after_the_profiled_ones_says_to_profile_past_
     # from the plan's as the profile expected, and the hint said the steps vary (a sweep's s09)
     assert "here and there" in _summary(report([1, 2, 3, 6], 9))
     assert "here and there" not in _summary(report([1, 2, 3, 6], 9), profiled_from=4)
+    # a branch every other step, profiled from iteration 2: the count is of the iterations it names
+    # (a sweep's s5 read "4 of 9 after the first" beside a list of five)
+    assert "4 of the 8 iterations from 2 on ran on demand, here and there" in _summary(
+        report([1, 3, 5, 7, 9], 10), profiled_from=2)
 
 
 TWO_TENSOR = """
