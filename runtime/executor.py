@@ -693,9 +693,12 @@ class PlanExecutor(OpStream):
         what = [f"{size:,} bytes"] if size is not None else []
         bare = tid & ~CARRIED_FLAG
         if PRODUCED_BASE <= bare < INPUT_BASE:
-            op = produced_op(tid)
-            names = self.steady.op_names
-            what.append(f"made by op {op}" + (f", {names[op]}" if op < len(names) else "")
+            op, names = produced_op(tid), self.steady.op_names
+            # a carried one's op is the iteration before's: named from the plan's where that one ran
+            # them (iteration 0's include the set-up: a sweep's data set was said made by .item())
+            before = self.stats.iteration_followed
+            named = op < len(names) and (not tid & CARRIED_FLAG or (self.iteration >= 2 and before[-1:] == [True]))
+            what.append(f"made by op {op}" + (f", {names[op]}" if named else "")
                         + (" of an iteration before" if tid & CARRIED_FLAG else ""))
         elif LONG_BASE <= bare < CARRIED_FLAG:
             what.append("alive a whole iteration, no name holds it")

@@ -1724,6 +1724,13 @@ def test_an_unnamed_tensor_is_described_by_its_size_and_the_op_that_made_it(tmp_
         executor.sizes[produced_id(1, 0) | CARRIED_FLAG] = 65536
         executor.sizes[long_id(3)] = 4096
         executor.persistent[0] = ("fc.weight", "param")
+        assert executor._describe(produced_id(1, 0)) == (
+            f"tensor {produced_id(1, 0)} (made by op 1, c10d.allreduce_.default)")
+        # carried from iteration 0, whose ops include the set-up: its op is not named from the plan's
+        # (a sweep's data set, made before the loop, was said made by op 0's .item())
+        assert executor._describe(produced_id(1, 0) | CARRIED_FLAG) == (
+            f"tensor {produced_id(1, 0) | CARRIED_FLAG} (65,536 bytes; made by op 1 of an iteration before)")
+        executor.iteration, executor.stats.iteration_followed = 2, [True, True]  # from a steady iteration: named
         assert executor._describe(produced_id(1, 0) | CARRIED_FLAG) == (
             f"tensor {produced_id(1, 0) | CARRIED_FLAG} (65,536 bytes; made by op 1, c10d.allreduce_.default of "
             "an iteration before)")
