@@ -343,23 +343,27 @@ def compare_policies(profile: Any, problem: Any, hw: Any, rank_plan: Any, rank: 
 
 def _warn_early_on_demand(meta: dict[str, Any], first_kept: dict[int, int], peak: int, budget: int) -> None:
     """Iterations after iteration 0 that a rank's profile set aside for their ops (DDP rebuilds its
-    buckets in its second step; a barrier or a checkpoint every other step) run on demand, up to
-    about the profiled peak: said where that is over the budget, with --hold-on-demand, since on a
-    device of about the budget such an iteration runs out of memory before `teraio run` can say
-    anything. ``first_kept``: rank -> the first iteration its profile kept."""
+    buckets in its second step; a barrier, a branch or a checkpoint every other step) run on demand,
+    up to about the profiled peak: said where that is over the budget, with --hold-on-demand, since
+    on a device of about the budget such an iteration runs out of memory before `teraio run` can
+    say anything. Before the first kept iteration or after it (a sweep's branch every other step and
+    evaluation every third went 1.98-2.09x unsaid, for coming after). ``first_kept``: rank -> the
+    first iteration its profile kept."""
     last = max(first_kept.values(), default=0)
     skipped = sorted({(int(k["iteration"]), str(k["reason"]), int(k["iteration"]) < first_kept.get(
         int(k.get("rank", -1)), last)) for k in meta.get("skipped_iterations") or []
         if int(k["iteration"]) > 0 and not k.get("sizes_only")})
-    early = [i for i, _, before in skipped if before]
-    if not early or peak <= 1.05 * budget:
+    if not skipped or peak <= 1.05 * budget:
         return
+    early = sorted({i for i, _, before in skipped if before})
     later = sorted({i for i, _, before in skipped if not before})
-    why = "; as DDP's second step does, which rebuilds its buckets" if int(meta.get("world_size") or 1) > 1 else ""
+    ddp = early and int(meta.get("world_size") or 1) > 1
+    why = "; as DDP's second step does, which rebuilds its buckets" if ddp else ""
+    like = ("the run's steps like them will too (steps that differ every few, as with a barrier, a branch, an "
+            "evaluation or a checkpoint every few steps)")
     again = (f"; so did iteration{'s' if len(later) > 1 else ''} {', '.join(map(str, later))} after the first kept "
-             "one, and the run's steps like them will too (steps that differ every few, as with a barrier, an "
-             "evaluation or a checkpoint every few steps)" if later else "")
-    its = sorted(set(early))
+             f"one, and {like}" if early and later else f", and {like}" if later else "")
+    its = early or later
     warn(f"iteration{'s' if len(its) > 1 else ''} {', '.join(map(str, its))} differed from the profiled ones "
          f"({skipped[0][1]}{why}){again}: `teraio run` runs such iterations on demand, what each op uses "
          f"brought back, up to about the profiled peak, {peak / 2**20:,.1f} MiB ({peak / budget:.2f}x the "

@@ -328,3 +328,10 @@ def test_iterations_set_aside_are_named_with_their_likely_cause(world_size: int,
     assert "so did iteration 3 after the first kept one" in said and "--hold-on-demand" in said
     _warn_early_on_demand(meta, {0: 2}, peak=104, budget=100)  # within 5% of the budget: nothing to say
     assert capsys.readouterr().err == ""
+    # set aside after the first kept one only (a sweep's branch every other step, profiled from 2):
+    # said as well, without DDP's rebuild (it went 2.09x unsaid)
+    _warn_early_on_demand({**meta, "skipped_iterations": meta["skipped_iterations"][1:]}, {0: 2}, peak=400,
+                          budget=100)
+    said = capsys.readouterr().err
+    assert "warning: iteration 3 differed from the profiled ones (op 5" in said, said
+    assert "DDP" not in said and "the run's steps like them will too" in said and "--hold-on-demand" in said
