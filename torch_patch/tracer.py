@@ -161,21 +161,22 @@ def _difference(a: Tables, b: Tables) -> tuple[str, bool, bool]:
         # the same ops before op k: their accesses align; those of carried storages (a last
         # evaluation's output, read at op 0) differ between iterations of one shape
         ops_a, ops_b = a[2]["op_index"].to_numpy(), b[2]["op_index"].to_numpy()
-        if (ops_a < k).sum() == (ops_b < k).sum():
-            before_a, before_b = ids_a[ops_a < k], ids_b[ops_b < k]
-            own = (before_a & CARRIED_FLAG == 0) & (before_b & CARRIED_FLAG == 0)
-            i = _first_size_change(before_a, before_b, sizes_a[ops_a < k], sizes_b[ops_b < k], own)
+        before_a, before_b = ops_a < k, ops_b < k
+        if before_a.sum() == before_b.sum():
+            a_ids, b_ids = ids_a[before_a], ids_b[before_b]
+            a_sizes, b_sizes = sizes_a[before_a], sizes_b[before_b]
+            own = (a_ids & CARRIED_FLAG == 0) & (b_ids & CARRIED_FLAG == 0)
+            i = _first_size_change(own & (a_sizes != b_sizes), own & _on_other_named(a_ids, b_ids))
             if i is not None:
-                op = int(ops_b[ops_b < k][i])
-                return (f"op {op} uses a tensor of {sizes_b[ops_b < k][i]:,} bytes, not {sizes_a[ops_a < k][i]:,}, "
-                        f"and {what}"), False, True
+                op = int(ops_b[before_b][i])
+                return f"op {op} uses a tensor of {b_sizes[i]:,} bytes, not {a_sizes[i]:,}, and {what}", False, True
         return what, False, False
     if len(sizes_a) == len(sizes_b):
-        i = _first_size_change(ids_a, ids_b, sizes_a, sizes_b, np.ones(len(ids_a), bool))
+        other = _on_other_named(ids_a, ids_b)
+        i = _first_size_change(sizes_a != sizes_b, other)
         if i is not None:
             op = int(b[2]["op_index"].iloc[i])
             return f"op {op} uses a tensor of {sizes_b[i]:,} bytes, not {sizes_a[i]:,}", True, True
-        other = _on_other_named(ids_a, ids_b)
         if other.any():
             op = int(b[2]["op_index"].iloc[int(np.argmax(other))])
             return f"op {op} uses another parameter or state than the kept iterations' op {op}", False, False
@@ -192,15 +193,12 @@ def _on_other_named(ids_a: np.ndarray, ids_b: np.ndarray) -> np.ndarray:
     return ((bare_a < PRODUCED_BASE) | (bare_b < PRODUCED_BASE)) & (bare_a != bare_b)
 
 
-def _first_size_change(ids_a: np.ndarray, ids_b: np.ndarray, sizes_a: np.ndarray, sizes_b: np.ndarray,
-                       counted: np.ndarray) -> int | None:
-    """The first of the aligned ``counted`` accesses whose tensor's size differs, unless one on
-    another storage kept across steps comes first or with it (the ops differ there); None where
-    none differs so."""
-    differ = counted & (sizes_a != sizes_b)
+def _first_size_change(differ: np.ndarray, other: np.ndarray) -> int | None:
+    """The first of the aligned accesses whose tensor's size differs (``differ``), unless one on
+    another parameter or state (``other``) comes first or with it (the ops differ there); None
+    where none differs so."""
     if not differ.any():
         return None
-    other = counted & _on_other_named(ids_a, ids_b)
     i = int(np.argmax(differ))
     return None if other.any() and int(np.argmax(other)) <= i else i
 

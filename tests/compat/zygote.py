@@ -40,12 +40,7 @@ def _preload() -> None:
     import torch
     import torch._dynamo  # noqa: F401 - the first optimizer imports it
 
-    import planner.baselines  # noqa: F401 - every plan's comparison, and what it imports
-    import planner.make  # noqa: F401
     import teraio.cli  # noqa: F401
-    import teraio.cmd_plan  # noqa: F401
-    import teraio.cmd_profile  # noqa: F401
-    import teraio.cmd_run  # noqa: F401
     import torch_patch  # noqa: F401
     from runtime import api  # noqa: F401
 
