@@ -9,9 +9,9 @@ For each example size, in one run, plain runs of the example first:
   (``offloading()`` in examples/train_gpt.py says what each is), and *compile* (torch.compile
   alone, the compiled peer's own reference);
 
-then `teraio run` (host backend, pinned; planned at the pinned link's measured bandwidth) at 50%
-of the profiled peak, at the smallest budget any plan meets, and at each peer's measured peak:
-the equal-peak comparisons. A peer that fails (not installed, an error) is a row that says why.
+then `teraio run` (host backend, pinned; planned at the pinned link's measured bandwidth) at 75%
+and 50% of the profiled peak, at the smallest budget any plan meets, and at each peer's measured
+peak: the equal-peak comparisons. A peer that fails (not installed, an error) is a row that says why.
 
 Peak memory is CUDA's allocated peak (``torch.cuda.max_memory_allocated``): the example's per-step
 figure for plain runs, the run report's per-iteration figure for `teraio run`, highest from step
@@ -24,8 +24,8 @@ tokens/s from median step times, steps from ``--skip`` on. teraio's losses must 
 
 The last line holds ``teraio_over_<peer>`` (teraio's throughput at the peer's peak over the
 peer's) for recompute and every peer that ran and saves memory, where teraio's measured peak did
-not go over the peer's, and ``teraio_over_keep`` (at 50%, same batch), for the last size; then
-the same per size with the size's name appended.
+not go over the peer's, ``teraio_over_keep`` (at 50%, same batch) and ``teraio_over_keep_75`` (at
+75%), for the last size; then the same per size with the size's name appended.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def measure_size(size: str, ex: list[str], work: Path, plan_args: list[str], ski
     beyond = keep.tracked_peak_bytes - peak  # what CUDA holds beyond teraio's tracked bytes
     print(f"{size}: profiled peak {peak / MIB:,.1f} MiB (CUDA's {keep.tracked_peak_bytes / MIB:,.1f}), smallest "
           f"budget {least / MIB:,.1f} MiB", flush=True)
-    budgets = {"teraio 50%": peak // 2, "teraio smallest": least}
+    budgets = {"teraio 75%": peak * 3 // 4, "teraio 50%": peak // 2, "teraio smallest": least}
     for cfg in ran[1:]:
         if cfg.tracked_peak_bytes < 0.95 * keep.tracked_peak_bytes:  # a peer that saves memory (not compile)
             budgets[f"teraio ={cfg.name}"] = max(least, cfg.tracked_peak_bytes - beyond)
@@ -164,7 +164,8 @@ def measure_size(size: str, ex: list[str], work: Path, plan_args: list[str], ski
         runs.append(cfg)
     tokens = _arg(ex, "--batch", 8) * _arg(ex, "--seq", 128)
     tput = {c.name: c.tokens_per_s(tokens) for c in [*ran, *runs]}
-    ratios = {"teraio_over_keep": tput["teraio 50%"] / tput["keep"]}
+    ratios = {"teraio_over_keep": tput["teraio 50%"] / tput["keep"],
+              "teraio_over_keep_75": tput["teraio 75%"] / tput["keep"]}
     by_name = {c.name: c for c in runs}
     for cfg in ran[1:]:
         mine = by_name.get(f"teraio ={cfg.name}")
