@@ -50,6 +50,19 @@ def teraio(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return finish(start("-m", "teraio", *args, cwd=cwd))
 
 
+def finish_plain(proc: subprocess.Popen[str], *cmd: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``finish(proc)`` of a plain torchrun job (``cmd``, no teraio in it), started again where
+    PyTorch's teardown aborted it (``pytorch_teardown_abort``): twice in a row once in about 40
+    runs of the suite here."""
+    r = finish(proc)
+    for _ in range(2):
+        if not pytorch_teardown_abort(r.returncode, r.stderr):
+            break
+        print(f"{' '.join(map(str, cmd))}: PyTorch's teardown aborted the plain run (no teraio in it); again")
+        r = finish(start(*cmd, cwd=cwd))
+    return r
+
+
 def saved(path: Path, per_rank: bool) -> dict[str, torch.Tensor]:
     """The saved parameters; a pipeline's ranks each save their stages' (no name twice)."""
     files = [Path(f"{path}.rank{r}") for r in (0, 1)] if per_rank else [path]
@@ -97,7 +110,8 @@ def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(jo
                     "fails it with 'Pair is not connected', without teraio too (seen on 2.11)")
     script, extra = JOBS[job]
     args = [*ARGS, *extra]
-    plain = start(*TORCHRUN, EXAMPLES / script, *args, "--save", tmp_path / "plain.pt", cwd=tmp_path)
+    plain_cmd: list[str | Path] = [*TORCHRUN, EXAMPLES / script, *args, "--save", tmp_path / "plain.pt"]
+    plain = start(*plain_cmd, cwd=tmp_path)
     try:
         r = job_of(job, "profile", EXAMPLES / script, "--out", tmp_path / "profile", "--", *args, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-4000:]
@@ -105,12 +119,7 @@ def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(jo
             assert re.search(r"\d+ storages cannot be freed in place \(.*FSDP2's unsharded parameters", r.stderr), \
                 r.stderr[-3000:]
     finally:
-        plain_run = finish(plain)
-    for _ in range(2):  # twice in a row once in about 40 runs of the suite here
-        if not pytorch_teardown_abort(plain_run.returncode, plain_run.stderr):
-            break
-        print(f"{job}: PyTorch's teardown aborted the plain run (no teraio in it); running it again")
-        plain_run = finish(start(*TORCHRUN, EXAMPLES / script, *args, "--save", tmp_path / "plain.pt", cwd=tmp_path))
+        plain_run = finish_plain(plain, *plain_cmd, cwd=tmp_path)
     assert plain_run.returncode == 0, plain_run.stderr[-4000:]
     plain_losses = [float(x) for x in losses(plain_run.stdout)]
     assert len(plain_losses) == 6 and plain_losses[-1] < plain_losses[0] - 0.2, plain_losses  # it trains
@@ -447,7 +456,7 @@ def plain_and_smallest(text: str, tmp_path: Path,
     budget and run (with ``run_opts``, a report in run.json) under teraio."""
     script = tmp_path / "job.py"
     script.write_text(text)
-    plain = finish(start(*TORCHRUN, script, cwd=tmp_path))
+    plain = finish_plain(start(*TORCHRUN, script, cwd=tmp_path), *TORCHRUN, script, cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr[-3000:]
     r = teraio("profile", "--nproc", "2", "--out", tmp_path / "profile", script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
