@@ -918,6 +918,11 @@ class PlanExecutor(OpStream):
     # one of them is freed on another thread (a rank behind once more than the wait's time): a
     # pipeline stage keeps its send buffers for its backward pass, and its last stage, 3 KiB
     # over the budget after an evaluation, waited 0.5 s in every iteration after.
+    # teraio's own record of the c10d works not done (NOTE [ Collectives a script waits for ])
+    # holds each work, and the work its tensors: a work done meanwhile is forgotten in the wait
+    # too, else the wait held what it waited for. The fp16 hook's compressed buckets, made by the
+    # backward pass's ops and done once the other rank caught up, stayed alive so the whole
+    # 0.5 s, in every iteration of some runs beside two busy loops, and then went over.
     # A buffer alive at a boundary with no work of its collective in flight is one the script
     # keeps, and leaves the set: DDP's gradient bucket, carried from iteration 0 until DDP
     # rebuilds its buckets in iteration 1, cost every run of accelerate's loop 0.5 s there.
@@ -940,6 +945,8 @@ class PlanExecutor(OpStream):
             with self._lock:  # a write done holds its storage until drained
                 if self.stream_copies:  # its writes are done once polled
                     self.engine.poll()
+                if self._works:  # and our record of a work done, its tensors
+                    self._forget_works(_done)
                 self._drain()
             if not self.ids.drain_here() or (over := self.stats.tracked_bytes + nbytes - schedule.budget_bytes) <= 0:
                 break
