@@ -198,7 +198,8 @@ def profile(
     from torch_patch.tracer import IrregularIterations
 
     def progress(s: dict[str, Any]) -> None:
-        what = "recorded" if s["recorded"] else "warm-up" if s["time_us"] is None else "set aside"
+        # which recorded iterations the profile keeps is known only at its end (_write says)
+        what = "warm-up" if s["time_us"] is None else "recorded"
         took = ""
         if s["time_us"] is not None:
             took = f", {s['time_us'] / 1e3:.1f} ms" + (" predicted" if fake else "")
@@ -368,9 +369,12 @@ def _write(prof: Any, out_dir: Path) -> None:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     path = write_profile(prof, out_dir, force=True)
+    kept = [str(i) for i in prof.meta.get("iterations") or []]
+    listed = ", ".join(kept[:-1]) + " and " + kept[-1] if len(kept) > 1 else "".join(kept)
+    of = f", from iteration{'s' if len(kept) > 1 else ''} {listed}" if kept else ""
     for r in prof.ranks:
         whose = f" of rank {r}" if len(prof.ranks) > 1 else ""
-        info(f"profile{whose}: {len(prof.kernels_of(r))} ops/iteration, {len(prof.tensors_of(r))} tensors")
+        info(f"profile{whose}: {len(prof.kernels_of(r))} ops/iteration, {len(prof.tensors_of(r))} tensors{of}")
     info(f"written to {path}")
     print(path)
 
