@@ -710,6 +710,17 @@ class PlanExecutor(OpStream):
         the process. (The tracer's own check leaves it movable: a fake profile's storages are meta.)"""
         return storage.device.type in ("cpu", "cuda") and super().movable(storage)
 
+    def _why_fixed(self, storage: torch.UntypedStorage) -> str:
+        """Why ``movable(storage)`` is false, in words."""
+        if storage.device.type not in ("cpu", "cuda"):
+            return f"it has no memory: the {storage.device.type} device"
+        if (why := self.foreign.get(storage)) is not None:
+            return why
+        if storage.device.type == "cpu" and storage.is_shared():
+            return "it is in shared memory, which other processes read and write"
+        return ("its memory belongs to numpy, DLPack or a file mapped by torch.load(mmap=True) or "
+                "safetensors")
+
     def _offload(self, tid: int, storage: torch.UntypedStorage, target: str, urgent: bool,
                  name: str | None = None, priority: int = 0) -> None:
         if self._read_elsewhere(tid, storage):
@@ -719,11 +730,8 @@ class PlanExecutor(OpStream):
         if not self.movable(storage):
             what = self._describe(tid, name)
             self.stats.not_resizable.append(what)
-            self._warn_once("fixed", f"{what} cannot be freed in place (its memory belongs to numpy, "
-                            "shared memory, DLPack or a file mapped by torch.load(mmap=True) or safetensors, another "
-                            "library resizes it, as FSDP2 does its unsharded parameters, a DataLoader's "
-                            "worker processes read it, or it has none: the meta device), so it stays in "
-                            "memory; so does every such tensor")
+            self._warn_once("fixed", f"{what} cannot be freed in place ({self._why_fixed(storage)}), so it stays "
+                            "in memory; so does every such tensor")
             return
         if tid in self.copies:
             self._drop_copy(tid)

@@ -368,7 +368,8 @@ class OpStream(TorchDispatchMode):
         self.compiled: list[str] = []  # NOTE [ Compiled code ]
         # storages others manage: never planned nor freed (NOTE [ Storages others resize ],
         # NOTE [ DLPack exports ], NOTE [ Communication hooks ])
-        self.foreign: weakref.WeakSet[torch.UntypedStorage] = weakref.WeakSet()
+        # storages others manage (``_others_manage``), and why
+        self.foreign: weakref.WeakKeyDictionary[torch.UntypedStorage, str] = weakref.WeakKeyDictionary()
         self.in_comm_hook = 0  # above 0: inside a DDP communication hook
         self._handles: list[Any] = []
         self._patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
@@ -509,7 +510,7 @@ class OpStream(TorchDispatchMode):
         """``out``, its result read through its pointer later others' to manage (NOTE [ Read through
         pointers ]), where op ``info`` ran: counted, uncounted, or on a thread of the script's own."""
         if info.read_unseen is not None:
-            self._others_manage(out[info.read_unseen].untyped_storage())
+            self._others_manage(out[info.read_unseen].untyped_storage(), "code reads it through its data pointer")
         return out
 
     # NOTE [ Storage arguments ]: ``t.set_(storage, ...)`` (how ``copy.deepcopy`` and
@@ -981,7 +982,7 @@ class OpStream(TorchDispatchMode):
         if storages:
             with self._in_memory(storages):
                 for storage in storages:
-                    self._others_manage(storage)
+                    self._others_manage(storage, "a DataLoader's worker processes read it")
 
     def _theirs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The storages an uncounted op of a DataLoader (an in-memory data set it indexes every
@@ -1005,7 +1006,7 @@ class OpStream(TorchDispatchMode):
         stream = self
 
         def resize_(storage: torch.UntypedStorage, nbytes: int) -> Any:
-            stream.foreign.add(storage)
+            stream.foreign.setdefault(storage, "another library resizes it, as FSDP2 does its unsharded parameters")
             out = resize(storage, nbytes)
             if nbytes == 0:
                 stream.ids.release(storage)  # queued when on another thread
@@ -1043,7 +1044,7 @@ class OpStream(TorchDispatchMode):
                 return export(tensor, *args, **kwargs)
             with stream._resident(tensor):
                 out = export(tensor, *args, **kwargs)
-                stream._others_manage(_local(tensor).untyped_storage())
+                stream._others_manage(_local(tensor).untyped_storage(), "it was exported through DLPack")
             return out
 
         return exporting
@@ -1074,7 +1075,7 @@ class OpStream(TorchDispatchMode):
                 return share(obj, *args, **kwargs)
             with stream._in_memory([storage]):
                 out = share(obj, *args, **kwargs)
-                stream._others_manage(storage)
+                stream._others_manage(storage, "it is in shared memory, which other processes read and write")
             return out
 
         return sharing
@@ -1189,9 +1190,10 @@ class OpStream(TorchDispatchMode):
 
         return reset_sharded_param
 
-    def _others_manage(self, storage: torch.UntypedStorage) -> None:
-        """``storage`` is someone else's to manage from now on: never planned nor freed."""
-        self.foreign.add(storage)
+    def _others_manage(self, storage: torch.UntypedStorage, why: str) -> None:
+        """``storage`` is someone else's to manage from now on, for the reason ``why``: never
+        planned nor freed."""
+        self.foreign.setdefault(storage, why)
         self.on_foreign(storage)
 
     # NOTE [ Communication hooks ]: a DDP communication hook (``register_comm_hook``: fp16 or bf16
@@ -1220,7 +1222,7 @@ class OpStream(TorchDispatchMode):
             def hook_seen(state: object, bucket: Any) -> Any:
                 buffer = bucket.buffer()
                 with stream._resident(buffer):
-                    stream._others_manage(buffer.untyped_storage())
+                    stream._others_manage(buffer.untyped_storage(), "a DDP communication hook writes it")
                 if not stream._active_here():
                     return hook(state, bucket)
                 stream.in_comm_hook += 1
@@ -1281,7 +1283,7 @@ class OpStream(TorchDispatchMode):
         storage = _own_storage(t)
         if storage is not None and storage not in self.foreign:
             self.bring_back(storage)
-            self._others_manage(storage)
+            self._others_manage(storage, "a DataLoader or a DDP communication hook uses it in ops not counted")
 
     def _reading(self, read: Any) -> Any:
         stream = self
