@@ -33,9 +33,10 @@ def _causes(steady: dict[str, list[float]] | None) -> str:
     return "; from iteration 1: " + ", ".join(f"{cause} {n:.0f} ({t * 1e3:,.1f} ms)" for cause, (n, t) in by_time)
 
 
-def _summary(r: dict[str, Any], profiled_from: int = 1) -> str:
+def _summary(r: dict[str, Any], profiled_from: int = 1, held: bool = False) -> str:
     """The run's summary lines; ``profiled_from``: the first iteration the plan's profile kept (those
-    before it may differ from the plan's, as the profile expected)."""
+    before it may differ from the plan's, as the profile expected); ``held``: run with
+    --hold-on-demand."""
     pred = r["predicted"] or {}
     lines = [
         f"peak tracked memory {_mib(r['peak_tracked_bytes'])} from iteration 1 (predicted "
@@ -59,7 +60,10 @@ def _summary(r: dict[str, Any], profiled_from: int = 1) -> str:
         worst = max((peaks[u["iteration"]] for u in r["unfollowed_iterations"] if u["iteration"] < len(peaks)),
                     default=0)
         above_budget = (f"; they peaked at up to {worst / budget:.2f}x the budget" + (
-            "" if r.get("evictions") else "; --hold-on-demand sends tensors out in them to keep near it")
+            "; --hold-on-demand sent out what it may (what the plan moves, and what these steps made where "
+            "the plan moves such tensors: NOTE [ On demand within the budget ] in runtime/executor.py), and "
+            "the rest of what they hold stayed in memory" if held
+            else "; --hold-on-demand sends tensors out in them to keep near it")
             if budget and worst > _OVER * budget else "")
         lines.append(f"iterations that ran on demand (their ops left the plan): {its}; the peak above "
                      f"is that of the iterations that followed it{above_budget}")
@@ -250,7 +254,7 @@ def run(
     except (RuntimeError, OSError) as exc:
         fail(str(exc), EXIT_FAILED)
     r = run_report(out["executor"], run_plan, time.perf_counter() - t0)
-    print(_summary(r, run_plan.profiled_from), file=sys.stderr)
+    print(_summary(r, run_plan.profiled_from, hold_on_demand), file=sys.stderr)
     if report is None:
         return
     if world_size == 1:

@@ -389,6 +389,13 @@ def test_a_run_whose_steps_changed_after_the_profiled_ones_says_to_profile_past_
     # (a sweep's s5 read "4 of 9 after the first" beside a list of five)
     assert "4 of the 8 iterations from 2 on ran on demand, here and there" in _summary(
         report([1, 3, 5, 7, 9], 10), profiled_from=2)
+    # over the budget with --hold-on-demand (a param group added at step 3, 2.34x; a sweep's): it
+    # was told that the flag keeps such steps near the budget, and with it, nothing of why not
+    over = report([3, 4, 5]) | {"iteration_peak_bytes": [90, 90, 90, 234, 234, 234]}
+    assert "--hold-on-demand sends tensors out in them" in _summary(over)
+    held = _summary(over, held=True)
+    assert "sends tensors out in them" not in held and "--hold-on-demand sent out what it may" in held, held
+    assert "teraio profile --warmup 4" in held
 
 
 TWO_TENSOR = """
