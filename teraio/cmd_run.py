@@ -74,8 +74,8 @@ def _summary(r: dict[str, Any], profiled_from: int = 1, held: bool = False) -> s
         scattered = len(unfollowed & set(range(1, since)))  # before the last run of such iterations
         if n - since >= 3 and scattered <= max(1, (since - 1) // 3):  # DDP's second step, evaluations
             lines.append(f"every iteration from {since} on ran on demand: the steps changed after the profiled "
-                         f"ones (a layer unfrozen, a head added?); profile past the change (teraio profile "
-                         f"--warmup {since + 1}) and plan again")
+                         "ones (a layer unfrozen, a head or a param group added, the model cast to another "
+                         f"dtype?); profile past the change (teraio profile --warmup {since + 1}) and plan again")
         elif len(unfollowed) >= 3 and 3 * len(unfollowed) >= n - 1:
             first = max(profiled_from, 1)  # those before it the count leaves out (the list above does not)
             lines.append(f"{len(unfollowed)} of the {n - first} iterations from {first} on ran on demand, here and "
