@@ -379,7 +379,8 @@ class PlanExecutor(OpStream):
         self._freed_elsewhere: set[int] = set()  # and which of all were freed on other threads since the boundary
         self.ids.freed_elsewhere = self._freed_elsewhere
         # NOTE [ Collectives a script waits for ]: c10d's works not known done, and their storages
-        self._works: list[tuple[Any, list[weakref.ref[torch.UntypedStorage]]]] = []
+        # (work, [(a storage it holds, its id then)])
+        self._works: list[tuple[Any, list[tuple[weakref.ref[torch.UntypedStorage], int]]]] = []
         self._named: dict[str, int] = {}  # persistent name -> its id in this iteration (NOTE [ Named by position ])
         self._collective_wait_left = _COLLECTIVE_WAIT_S  # in this iteration
         self._spill = "ssd" if "ssd" in backends else "host"
@@ -713,7 +714,7 @@ class PlanExecutor(OpStream):
     def _why_fixed(self, storage: torch.UntypedStorage) -> str:
         """Why ``movable(storage)`` is false, in words."""
         if storage.device.type not in ("cpu", "cuda"):
-            return f"it has no memory: the {storage.device.type} device"
+            return f"it is on the {storage.device.type} device, which teraio does not move"
         if (why := self.foreign.get(storage)) is not None:
             return why
         if storage.device.type == "cpu" and storage.is_shared():
@@ -1630,10 +1631,10 @@ class PlanExecutor(OpStream):
             return
         if not _done(work):
             with self._lock:
-                self._works.append((work, [weakref.ref(t.untyped_storage()) for _, t, _ in inputs]))
+                self._works.append((work, [(weakref.ref(t.untyped_storage()), tid) for tid, t, _ in inputs]))
 
     def _in_work(self, storage: torch.UntypedStorage) -> bool:
-        return any(r() is storage for work, refs in self._works for r in refs if not _done(work))
+        return any(r() is storage for work, refs in self._works for r, _ in refs if not _done(work))
 
     @_locked
     def waited(self, work: Any) -> None:
@@ -1642,19 +1643,21 @@ class PlanExecutor(OpStream):
 
     def _forget_works(self, done: Callable[[Any], bool]) -> None:
         """Forget the works ``done``; what the plan sent out while one held it goes out before the
-        next op that does not use it (NOTE [ Collectives a script waits for ])."""
-        ended: list[tuple[Any, list[weakref.ref[torch.UntypedStorage]]]] = []
-        pending: list[tuple[Any, list[weakref.ref[torch.UntypedStorage]]]] = []
-        for work, refs in self._works:  # each asked once: one done between two asks would be lost
-            (ended if done(work) else pending).append((work, refs))
-        if not ended:
+        next op that does not use it (NOTE [ Collectives a script waits for ]). A buffer a work
+        held last is freed with it: the script did not hold it, and the buffers its op makes are
+        waited for again (NOTE [ Buffers of collectives in flight ])."""
+        ended = [done(work) for work, _ in self._works]  # each asked once: one done between two asks would be lost
+        if not any(ended):
             return
-        self._works = pending
-        for _, refs in ended:
-            for ref in refs:
-                storage = ref()
-                if storage is not None and id(storage) not in self._held and not self._in_work(storage):
-                    self._out_after_hold(storage)
+        refs = [pair for (_, pairs), end in zip(self._works, ended, strict=True) if end for pair in pairs]
+        self._works = [w for w, end in zip(self._works, ended, strict=True) if not end]  # the works go
+        for ref, tid in refs:
+            storage = ref()
+            if storage is None:
+                self._held_on.discard(tid & ~CARRIED_FLAG)
+            elif id(storage) not in self._held and not self._in_work(storage):
+                self._out_after_hold(storage)
+            del storage
 
     def _out_after_hold(self, storage: torch.UntypedStorage) -> None:
         """``storage``, no longer held, goes out where the plan sent it meanwhile: before the next

@@ -199,7 +199,8 @@ def profile(
 
     def progress(s: dict[str, Any]) -> None:
         # which recorded iterations the profile keeps is known only at its end (_write says)
-        what = "warm-up" if s["time_us"] is None else "recorded"
+        what = ("warm-up" if s["iteration"] < warmup else "recorded" if s["time_us"] is not None
+                else "not recorded: this rank has its iterations, and the others end theirs")
         took = ""
         if s["time_us"] is not None:
             took = f", {s['time_us'] / 1e3:.1f} ms" + (" predicted" if fake else "")
@@ -369,7 +370,8 @@ def _write(prof: Any, out_dir: Path) -> None:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     path = write_profile(prof, out_dir, force=True)
-    kept = [str(i) for i in prof.meta.get("iterations") or []]
+    # a job's ranks each keep their own iterations, and its meta.json holds rank 0's
+    kept = [str(i) for i in prof.meta.get("iterations") or []] if len(prof.ranks) == 1 else []
     listed = ", ".join(kept[:-1]) + " and " + kept[-1] if len(kept) > 1 else "".join(kept)
     of = f", from iteration{'s' if len(kept) > 1 else ''} {listed}" if kept else ""
     for r in prof.ranks:

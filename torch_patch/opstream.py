@@ -990,7 +990,8 @@ class OpStream(TorchDispatchMode):
         [ Data loading is not counted ], NOTE [ Communication hooks ])."""
         for t in tensor_args(args, kwargs):
             for part in holders(t):
-                self._manage_theirs(part)
+                self._manage_theirs(part, "a DataLoader or a DDP communication hook's callback uses it in ops "
+                                          "teraio does not count")
 
     # NOTE [ Storages others resize ] (and those exported: NOTE [ DLPack exports ]): FSDP2
     # frees and refills each parameter's unsharded storage with ``untyped_storage().resize_``,
@@ -1276,14 +1277,14 @@ class OpStream(TorchDispatchMode):
     def _hook_touched(self, touched: list[tuple[int, _Tensor, bool]]) -> None:
         """The storages of an op inside a communication hook, which its callbacks may write."""
         for _, t, _ in touched:
-            self._manage_theirs(t)
+            self._manage_theirs(t, "an op in a DDP communication hook uses it, and its callbacks may write it")
 
-    def _manage_theirs(self, t: _Tensor) -> None:
-        """``t``'s storage brought back, then others' to manage (``foreign``)."""
+    def _manage_theirs(self, t: _Tensor, why: str) -> None:
+        """``t``'s storage brought back, then others' to manage (``foreign``) for the reason ``why``."""
         storage = _own_storage(t)
         if storage is not None and storage not in self.foreign:
             self.bring_back(storage)
-            self._others_manage(storage, "a DataLoader or a DDP communication hook uses it in ops not counted")
+            self._others_manage(storage, why)
 
     def _reading(self, read: Any) -> Any:
         stream = self

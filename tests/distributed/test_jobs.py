@@ -50,11 +50,11 @@ def teraio(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return finish(start("-m", "teraio", *args, cwd=cwd))
 
 
-def finish_plain(proc: subprocess.Popen[str], *cmd: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``finish(proc)`` of a plain torchrun job (``cmd``, no teraio in it), started again where
-    PyTorch's teardown aborted it (``pytorch_teardown_abort``): twice in a row once in about 40
-    runs of the suite here."""
-    r = finish(proc)
+def finish_plain(r: subprocess.CompletedProcess[str], *cmd: str | Path,
+                 cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``r``, a plain torchrun job's (``cmd``, no teraio in it), or its run again where PyTorch's
+    teardown aborted it (``pytorch_teardown_abort``): twice in a row once in about 40 runs of
+    the suite here."""
     for _ in range(2):
         if not pytorch_teardown_abort(r.returncode, r.stderr):
             break
@@ -119,7 +119,8 @@ def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(jo
             assert re.search(r"\d+ storages cannot be freed in place \(.*FSDP2's unsharded parameters", r.stderr), \
                 r.stderr[-3000:]
     finally:
-        plain_run = finish_plain(plain, *plain_cmd, cwd=tmp_path)
+        plain_run = finish(plain)
+    plain_run = finish_plain(plain_run, *plain_cmd, cwd=tmp_path)
     assert plain_run.returncode == 0, plain_run.stderr[-4000:]
     plain_losses = [float(x) for x in losses(plain_run.stdout)]
     assert len(plain_losses) == 6 and plain_losses[-1] < plain_losses[0] - 0.2, plain_losses  # it trains
@@ -456,7 +457,7 @@ def plain_and_smallest(text: str, tmp_path: Path,
     budget and run (with ``run_opts``, a report in run.json) under teraio."""
     script = tmp_path / "job.py"
     script.write_text(text)
-    plain = finish_plain(start(*TORCHRUN, script, cwd=tmp_path), *TORCHRUN, script, cwd=tmp_path)
+    plain = finish_plain(finish(start(*TORCHRUN, script, cwd=tmp_path)), *TORCHRUN, script, cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr[-3000:]
     r = teraio("profile", "--nproc", "2", "--out", tmp_path / "profile", script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
