@@ -164,9 +164,10 @@ def test_a_job_under_teraio_is_bit_identical_and_every_rank_within_its_budget(jo
     # swaps in one iteration) in 2 of 6 runs of this test, 1 of 3 of them on the code of
     # 2026-11-26. Allow one such gradient beyond the 5% (found, not fixed)
     swapped = 65536 if job == "pp-zbv" else 0
-    # With the hook, beside the whole test suite, 8 of 24 ranks' runs still peaked 1.002-1.051x
-    # (found, not fixed; likely the callback's decompressed copies, which it makes on gloo's
-    # thread, where no op waits for room). Allow one bucket beyond the 5%
+    # With the hook, beside the whole test suite, 8 of 24 ranks' runs still peaked 1.002-1.051x,
+    # and one 1.107x: the wait for its compressed buckets ran out, as teraio's own record of the
+    # collectives held them (fixed in session 52). Allow one bucket beyond the 5% until runs
+    # beside the suite show it is not needed
     in_flight = int(0.05 * 2**20) if "--comm-hook" in extra else 0
     for rank, rr in report["ranks"].items():
         assert sum(rr["bytes_written"].values()) > 0, f"rank {rank} moved nothing"
