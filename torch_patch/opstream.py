@@ -366,9 +366,8 @@ class OpStream(TorchDispatchMode):
         # [ Data loading is not counted ]; a communication hook's callback: NOTE [ Communication hooks ])
         self.theirs = 0
         self.compiled: list[str] = []  # NOTE [ Compiled code ]
-        # storages others manage: never planned nor freed (NOTE [ Storages others resize ],
-        # NOTE [ DLPack exports ], NOTE [ Communication hooks ])
-        # storages others manage (``_others_manage``), and why
+        # storages others manage, and why: never planned nor freed (NOTE [ Storages others
+        # resize ], NOTE [ DLPack exports ], NOTE [ Communication hooks ])
         self.foreign: weakref.WeakKeyDictionary[torch.UntypedStorage, str] = weakref.WeakKeyDictionary()
         self.in_comm_hook = 0  # above 0: inside a DDP communication hook
         self._handles: list[Any] = []
