@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# A shell without job control starts a job put in the background with SIGINT ignored, which the
+# processes it starts inherit, and Python then installs no handler of its own: the tests that
+# press Ctrl-C on a run saw nothing happen (and a run left going loaded the rest of the suite).
+# Python's own handler is installed again here, which the runs these tests start then have too.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 EXAMPLE = ROOT / "examples" / "train_gpt.py"
 # Small enough for a CPU step of a few tens of milliseconds.
 SMALL_GPT = ["--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "32", "--batch", "4",

@@ -60,9 +60,12 @@ def test_ctrl_c_removes_swap_files(tmp_path: Path) -> None:
     for line in proc.stdout:
         if line.startswith("step 5") or time.monotonic() > deadline:
             break
-    assert list(tmp_path.glob("teraio-swap-*")), "no swap directory while training"
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        assert list(tmp_path.glob("teraio-swap-*")), "no swap directory while training"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # (a run left going loads every test after it)
     assert proc.returncode != 0
     assert "KeyboardInterrupt" in err
     assert not list(tmp_path.iterdir())
