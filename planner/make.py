@@ -21,6 +21,7 @@ from planner.plan import Migration, Plan
 from planner.problem import PlanProblem
 from planner.rebalance import fill_host
 from planner.simulate import SimResult, simulate
+from planner.swap import swap_weights
 
 __all__ = ["RankPlan", "build_plan", "job_summary", "plan_rank", "settle_urgency", "summarize"]
 
@@ -92,8 +93,10 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
     where that is faster (NOTE [ Host memory left idle ] in ``planner.rebalance``), its prefetches
     started early and served by deadline where that is faster (NOTE [ Prefetch early, serve by
     deadline ] in ``planner.early``; then host memory is filled again), its copies kept and its
-    moves of one op dropped where that is faster (NOTE [ Moves of one op ]); the fastest of them
-    gets its urgent transfers marked (``settle_urgency``)."""
+    moves of one op dropped where that is faster (NOTE [ Moves of one op ]); the fastest of them has
+    weights traded with optimizer states (NOTE [ Weights on the idle SSD ] in ``planner.swap``) and
+    goes through those passes again where that is faster, and gets its urgent transfers marked
+    (``settle_urgency``)."""
     bound = iteration_bound(problem, hw)
     # The greedy reserves a write for every offload, as if no copy were kept: a clock paced by the
     # bound that counts every write too is the better one for some plans (Llama3-70B at batch 16
@@ -136,6 +139,14 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
             best = (score, moves, sim, served_by_deadline)
     assert best is not None  # the ops' own clock is always tried
     _, moves, sim, served_by_deadline = best
+    # NOTE [ Weights on the idle SSD ] in planner.swap: the finished plan's weights traded with
+    # optimizer states, and the passes after the greedy run again, where that is faster.
+    swapped = swap_weights(problem, moves, sim, hw, bound)
+    if swapped is not None:
+        again, again_sim, again_by_deadline = _after_greedy(problem, swapped, sim_of(swapped), hw, bound, sim_of)
+        if (again_sim.fits and again_sim.host_peak_bytes <= max(hw.host_mem_bytes, sim.host_peak_bytes)
+                and again_sim.iteration_us < sim.iteration_us):
+            moves, sim, served_by_deadline = again, again_sim, served_by_deadline or again_by_deadline
     return settle_urgency(problem, moves, bw, hw.gpu_mem_bytes, **hw.compute_costs(), sim=sim,
                           prefetches=not served_by_deadline)
 
