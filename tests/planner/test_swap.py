@@ -73,7 +73,7 @@ def test_host_memory_never_holds_more_than_it_may() -> None:
     of a weight's periods stay resident, its state takes more of host memory than it gives back."""
     for seed in range(3):
         problem, moves, hw = _case(host_share=1.0, seed=seed)
-        first_period = {}
+        first_period: dict[int, int] = {}
         for mv in moves:
             first_period.setdefault(mv.tensor_id, mv.period)
         # each weight's first period alone moved
