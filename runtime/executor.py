@@ -1854,8 +1854,10 @@ class PlanExecutor(OpStream):
             if (entry := self.moved.get(tid)) is not None:  # iteration 0's plan sent it out for good
                 if self._ending is Ending.FIRST and not entry.touched and entry.state is not Residency.FETCHING:
                     sent.append(tid)
-            elif storage.nbytes() >= UNTOUCHED_MIN_BYTES:
-                self._offload(tid, storage, self._spill, urgent=True)  # (it warns of one it cannot free)
+            elif storage.nbytes() >= UNTOUCHED_MIN_BYTES and self.movable(storage):
+                # One that cannot move (a DataLoader worker's batch, in shared memory) stays, unsaid:
+                # the plan never moved it, and a warning that teraio cannot move it misled.
+                self._offload(tid, storage, self._spill, urgent=True)
                 if tid in self.moved:
                     sent.append(tid)
         return sent
