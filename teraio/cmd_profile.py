@@ -280,6 +280,8 @@ def profile(
             meta["builtin_model"]["job"] = job.describe(CONFIGS[train_cfg.model])
             meta["builtin_model"]["num_micro_batches"] = job.micro_batches_per_rank(train_cfg)
     prof = tracer.profile(meta)
+    first = prof.kernels["iteration"] == prof.kernels["iteration"].min()  # this process's ops
+    num_ops = int((first & (prof.kernels["rank"] == prof.kernels["rank"].min())).sum())
     for skipped in prof.meta["skipped_iterations"]:
         if skipped["sizes_only"]:  # NOTE [ Other sizes ] in runtime/executor.py
             cause = ("its tensor sizes differ: a smaller last batch, or dynamic padding? pad to one shape for "
@@ -290,6 +292,12 @@ def profile(
             cause = ("its tensor sizes differ, and then its ops: batches of another length, as packed "
                      "sequences of two lengths, or an evaluation on batches of another size? pad to one shape "
                      "for every step to be planned")
+            then = "`teraio run` runs iterations like it on demand"
+        elif skipped.get("num_ops", num_ops) < num_ops:  # the kept ones may be the rarer kind
+            cause = (f"it runs fewer ops than the kept iterations, {skipped['num_ops']:,} against {num_ops:,}: "
+                     "if those hold an evaluation or a checkpoint that comes every few steps, profile so that "
+                     f"training steps are the ones alike: record more (--iters {iters + 1}), or start "
+                     "recording at a training step (--warmup N starts at iteration N)")
             then = "`teraio run` runs iterations like it on demand"
         else:
             cause = "an evaluation or checkpoint between steps, or a branch some steps take?"

@@ -713,7 +713,8 @@ class Tracer(OpStream):
 
     def _keep_shape(self, group: list[tuple[int, Tables]]) -> None:
         self.done = group[:self.iters]
-        self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only, "sizes_first": sizes_first}
+        self.skipped = [{"iteration": it, "reason": why, "sizes_only": sizes_only, "sizes_first": sizes_first,
+                         "num_ops": len(t[0])}
                         for g in self.groups.values() if g is not group for it, t in g
                         for why, sizes_only, sizes_first in [_difference(self.done[0][1], t)]]
 

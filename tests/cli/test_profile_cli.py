@@ -143,6 +143,16 @@ ALTERNATING = {  # what changes every other step: (the step's lines, what the pr
     h = cell(torch.randn(4, 8), torch.zeros(4, 16))
     loss = (extra(h) if step % 2 else head(h)).square().mean()
 """, "(an evaluation or checkpoint between steps, or a branch some steps take?)", False),
+    # an evaluation every other step, from the first recorded one: the evaluations are alike first
+    # and kept, and the training steps set aside (a sweep's transformers Trainer was asked whether
+    # its training step was an evaluation)
+    "evaluation kept": ("""
+    h = cell(torch.randn(4, 8), torch.zeros(4, 16))
+    loss = head(h).square().mean()
+    if step % 2 == 1:
+        with torch.no_grad():
+            head(cell(torch.randn(4, 8), torch.zeros(4, 16))).sum()
+""", "(it runs fewer ops than the kept iterations, ", False),
     # a smaller last batch of a data set made before the loop, which is carried into iteration 1 and
     # long-lived from iteration 2 under another id (a review found it said to run other ops)
     "last batch": ("""
