@@ -1805,12 +1805,22 @@ class PlanExecutor(OpStream):
             entry = self.moved.get(tid)
             if entry is None or tid in self._out_for_good:  # not the plan's: it stays out
                 continue
+            if self.persistent.get(tid, ("", ""))[1] == "grad":  # NOTE [ Gradients left out ]
+                continue
             if entry.state is Residency.OFFLOADING:
                 self._needed_again(entry)
             elif entry.state in (Residency.SSD, Residency.HOST):
                 self._fetch(tid, entry, urgent=False)
         self.stats.peak_tracked_bytes = self.stats.tracked_bytes  # the new iteration's peak
 
+    # NOTE [ Gradients left out ]: a boundary comes as the optimizer's step ends, and most scripts
+    # drop the gradients (``zero_grad()``, set_to_none) before the next backward pass uses them. A
+    # gradient out at a boundary after an iteration run on demand (sent out to keep it within the
+    # budget, or by iteration 0's plan), that the plan has in because the profile's lived until op
+    # 0, was read back for nothing, and its read held its bytes after the script dropped it (the
+    # job reads into the storage): a DDP job with a layer some steps skip went 1.13x over its
+    # budget at an op that allocated while the read was still queued. So gradients stay out
+    # there; one a script accumulates into comes back when its backward pass needs it.
     # NOTE [ Left over ]: an iteration run on demand (an evaluation) may make a storage that lives
     # on unused, unknown to the plan: the best weights so far, copied when the validation loss
     # improves. A plan has such copies out (NOTE [ Untouched storages ] in profiles.views), and

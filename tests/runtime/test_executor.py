@@ -1098,6 +1098,56 @@ def sent_out(ex: Any, t: torch.Tensor) -> int:
     return int(tid)
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_gradients_out_at_a_boundary_stay_out(plan: Plan, tmp_path: Path, accumulate: bool) -> None:
+    """NOTE [ Gradients left out ]: after an iteration run on demand, the boundary (as the
+    optimizer's step ends) brings back what is out and the plan has in, but not the gradients: the
+    script drops them (``zero_grad()`` after a ``loss.item()``, the next iteration's first op), and
+    their reads were in vain, holding their bytes after it did (a DDP job went 1.13x over its budget
+    so). A script that accumulates into them reads them back in its backward pass, bit for bit."""
+    def loop(ex: Any = None) -> tuple[list[float], list[torch.Tensor]]:
+        model, opt, gen = mlp_and_data()
+        step_now, losses = [0], []
+
+        def grads_out(*_: Any) -> None:  # as hold-on-demand sends them out, before the boundary's hook
+            if ex is not None and step_now[0] == 2:
+                out.extend(sent_out(ex, p.grad) for p in model.parameters() if p.grad is not None)
+
+        opt.register_step_post_hook(grads_out)
+        for step in range(4):
+            step_now[0] = step
+            loss = model(torch.randn(64, 32, generator=gen)).square().mean()
+            if step == 2:
+                torch.ones(3).add_(1)  # the iteration leaves its plan: on demand from here
+            if not accumulate or step != 3:
+                opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())  # after the boundary: the next iteration's first op
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    expected = loop()
+    out: list[int] = []
+    reads: list[tuple[int, int, int]] = []
+    with offload(plan, swap_dir=tmp_path) as ex:
+        submit = ex.engine.submit
+
+        def recording(job: Any) -> Any:
+            if job.direction == "read":
+                reads.append((ex.iteration, ex.op_index, job.tensor_id))
+            return submit(job)
+
+        ex.engine.submit = recording
+        assert same(loop(ex), expected)
+    grads = {tid for tid, (_, kind) in ex.persistent.items() if kind == "grad"}
+    read_in_3 = {tid for iteration, _, tid in reads if iteration == 3 and tid in grads}
+    assert len(out) == len(grads) == 6
+    if accumulate:  # iteration 3 runs other ops (it adds to the gradients): on demand, faulted in
+        assert read_in_3 == grads
+    else:  # 1 and 3 followed the plan, 2 ran on demand
+        assert not read_in_3 and ex.matched_iterations == 2, reads
+
+
 def test_a_left_over_teraio_cannot_move_stays_unsaid(plan: Plan, tmp_path: Path) -> None:
     """NOTE [ Left over ]: a storage an iteration run on demand leaves alive that cannot be freed in
     place (a DataLoader worker's batch, in shared memory) stays in memory without a warning that
