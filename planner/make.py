@@ -142,7 +142,8 @@ def plan_rank(problem: PlanProblem, hw: Hardware, progress: Progress | None = No
     # NOTE [ Weights on the idle SSD ] in planner.swap: the finished plan's weights traded with
     # optimizer states, and the passes after the greedy run again, where that is faster.
     swapped = swap_weights(problem, moves, sim, hw, bound)
-    if swapped is not None:
+    if swapped is not None:  # its copies marked again at the end: the passes may split a pair
+        swapped = [replace(mv, keep_copy=False, reuse_copy=False) for mv in swapped]
         again, again_sim, again_by_deadline = _after_greedy(problem, swapped, sim_of(swapped), hw, bound, sim_of)
         if (again_sim.fits and again_sim.host_peak_bytes <= max(hw.host_mem_bytes, sim.host_peak_bytes)
                 and again_sim.iteration_us < sim.iteration_us):

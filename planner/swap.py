@@ -6,15 +6,18 @@ Llama3-70B at batch 1 with 512 GiB of host memory, the forward pass read 263 GiB
 and took 10.9 s against 9.1 s of ops, with the SSD's reads idle (BENCHMARKS.md, bench/policies.py).
 
 A weight whose moves are all in host memory and one of its optimizer states of the same size whose
-moves are all on the SSD can trade places. The step writes and reads the same bytes on each link as
-before (the weight's where the state's were), and host memory holds the same bytes (both are out
-from one step to the next); but the passes that read the weight now read it from the SSD. So
-``swap_weights`` trades enough pairs to even out the two links' reads in the window where host
-memory's reads lag furthest behind the SSD's, spread over the whole model, so that each part of
-that window gains alike. ``planner.make`` trades on the plan the passes after the greedy have
-finished, runs those passes again on it (host memory filled first, ``planner.rebalance``: the reads
-taken off host memory's link make room there for writes the SSD cannot carry), and keeps the trade
-only where the plan so made is faster.
+moves are all on the SSD can trade places. The optimizer step reads and writes the same bytes on each
+link as before (the weight's where the state's were); host memory holds the state from one step to
+the next where it held the weight between its uses (``swap_weights`` checks that it has the room at
+every op); and the passes that read the weight read it from the SSD. So ``swap_weights`` trades as
+many bytes as would even out the two links' reads in the phase window where host memory's reads lag
+furthest behind the SSD's (where that window reads each traded weight once, as a forward pass does),
+spread over the whole model in the order the weights are read, so that each part of that window
+gains alike. The traded moves keep their triggers; the simulation judges them. ``planner.make``
+trades on the plan the passes after the greedy have finished, runs those passes again on it (its
+copies marked again: a pass may split a traded weight's periods between the two places), and keeps
+the trade only where the plan so made is faster: the reads taken off host memory's link make room
+there for writes the SSD cannot carry, which filling host memory again (``planner.rebalance``) sends.
 """
 
 from __future__ import annotations
@@ -41,24 +44,29 @@ def _pairs(problem: PlanProblem, moves: Sequence[Move]) -> list[tuple[list[int],
     chains: dict[int, list[int]] = {}
     for i, mv in enumerate(moves):
         chains.setdefault(mv.tensor_id, []).append(i)
-    by_name = {name: tid for tid, name in problem.names.items()}
     kind = dict(zip(problem.tensor_id.tolist(), problem.kind.tolist(), strict=True))
     n = problem.num_ops
 
     def only(tid: int, target: str) -> bool:
         return all(moves[i].target == target for i in chains[tid])
 
+    weights = {name: tid for tid, name in problem.names.items() if kind.get(tid) == "param" and tid in chains}
+    states: dict[int, list[int]] = {}  # weight -> its states moved, "<weight>.exp_avg", ... by name
+    for tid, name in sorted(problem.names.items(), key=lambda t: t[1]):
+        if kind.get(tid) == "optimizer_state" and tid in chains:
+            parts = name.split(".")
+            owner = next((weights[w] for k in range(len(parts) - 1, 0, -1) if (w := ".".join(parts[:k])) in weights),
+                         None)
+            if owner is not None:
+                states.setdefault(owner, []).append(tid)
     pairs = []
     for tid, mine in chains.items():
-        if kind[tid] != "param" or tid not in problem.names or not only(tid, "host"):
+        if tid not in states or not only(tid, "host"):
             continue
-        for name in sorted(by_name):  # the states named after it: "<weight>.exp_avg", ...
-            state = by_name[name]
-            if (name.startswith(problem.names[tid] + ".") and kind.get(state) == "optimizer_state"
-                    and state in chains and moves[chains[state][0]].size_bytes == moves[mine[0]].size_bytes
-                    and only(state, "ssd")):
-                pairs.append((min(moves[i].end_op % n for i in mine), mine, chains[state]))
-                break
+        size = moves[mine[0]].size_bytes
+        state = next((s for s in states[tid] if moves[chains[s][0]].size_bytes == size and only(s, "ssd")), None)
+        if state is not None:
+            pairs.append((min(moves[i].end_op % n for i in mine), mine, chains[state]))
     return [(mine, theirs) for _, mine, theirs in sorted(pairs, key=lambda p: p[0])]
 
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner import Hardware, problem_from_profile
+import pytest
+
+from planner import Hardware, plan_rank, problem_from_profile
 from planner.bound import iteration_bound
 from planner.clean import host_held
 from planner.greedy import Move, plan_greedy
 from planner.problem import PlanProblem
 from planner.rebalance import window_times_us
 from planner.simulate import simulate
-from planner.swap import _lag_bytes, swap_weights
+from planner.swap import _lag_bytes, _pairs, swap_weights
 from profiles.synthetic import synthetic_profile
+from tests.planner.helpers import assert_simulates_its_moves
 
 
 def _case(host_share: float, seed: int = 1) -> tuple[PlanProblem, list[Move], Hardware]:
@@ -86,3 +89,56 @@ def test_host_memory_never_holds_more_than_it_may() -> None:
             assert swapped is not None or limit == before
             if swapped is not None:
                 assert host_held(problem, swapped).max() <= limit
+
+
+def test_a_weight_pairs_with_its_own_state_alone() -> None:
+    """Only a weight all in host memory pairs, only with a state named after it (not with those of
+    a weight whose name it begins: "w" and "w1"), of its size, all on the SSD."""
+    problem, moves, _ = _case(host_share=1.0)
+    names = dict(problem.names)
+    by_name = {name: tid for tid, name in names.items()}
+    split, short, mismatched = (by_name[f"layers.{k}.w0"] for k in (1, 2, 3))
+    names[short] = "layers.2.w"  # its states stay "layers.2.w0.exp_avg": none is its own
+    problem = replace(problem, names=names)
+    first = next(i for i, mv in enumerate(moves) if mv.tensor_id == split)
+    moves[first] = replace(moves[first], target="ssd")  # the weight is no longer all in host memory
+    for key in ("exp_avg", "exp_avg_sq"):  # neither state has the weight's size
+        moves = [replace(mv, size_bytes=mv.size_bytes + 1) if mv.tensor_id == by_name[f"layers.3.w0.{key}"] else mv
+                 for mv in moves]
+    pairs = [(moves[mine[0]].tensor_id, moves[theirs[0]].tensor_id) for mine, theirs in _pairs(problem, moves)]
+    paired = {w for w, _ in pairs}
+    assert not paired & {split, short, mismatched} and len(paired) >= 10
+    assert all(names[s].rsplit(".", 1)[0] == names[w] for w, s in pairs)
+
+
+def test_plan_rank_keeps_a_trade_that_makes_the_plan_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights read from host memory beside an idle SSD: ``plan_rank`` trades them, runs the passes
+    after the greedy again, and keeps the faster plan, its kept copies in pairs of one place each."""
+    problem = problem_from_profile(synthetic_profile(8, 6, 3, seed=0, param_bytes=64 << 20))
+    peak = int(problem.memory_bytes.max())
+    hw = Hardware(gpu_mem_bytes=int(peak * 0.3), ssd_read_bw_bytes_per_s=2e8, ssd_write_bw_bytes_per_s=2e8,
+                  host_bw_bytes_per_s=4e8, host_mem_bytes=int(peak * 0.6))
+    traded = plan_rank(problem, hw)
+    monkeypatch.setattr("planner.make.swap_weights", lambda *_: None)
+    untraded = plan_rank(problem, hw)
+    assert traded.sim.fits and traded.sim.iteration_us < untraded.sim.iteration_us
+    assert traded.sim.host_peak_bytes <= hw.host_mem_bytes
+    assert_simulates_its_moves(traded, hw)
+    keepers = {(mv.tensor_id, mv.target) for mv in traded.moves if mv.keep_copy}
+    assert all((mv.tensor_id, mv.target) in keepers for mv in traded.moves if mv.reuse_copy)
+    assert any(mv.reuse_copy for mv in traded.moves)
+
+
+def test_a_traded_plan_keeps_its_copies_in_pairs_of_one_place() -> None:
+    """The trade is made on a finished plan, its copies kept; filling host memory again may send one
+    of a traded weight's periods back alone, so the copies are marked again from none: a reuse on
+    the SSD whose keeper was in host memory was left (a review's case: a summary that counted a
+    write as reused, and a host copy held for nothing)."""
+    problem = problem_from_profile(synthetic_profile(4, 2, 1, seed=1, activation_bytes=16 << 20,
+                                                     param_bytes=1 << 20, op_us=50.0))
+    hw = Hardware(gpu_mem_bytes=31_601_032, ssd_read_bw_bytes_per_s=8e9, ssd_write_bw_bytes_per_s=8e9,
+                  host_bw_bytes_per_s=4e9, host_mem_bytes=64 << 20)
+    rp = plan_rank(problem, hw)
+    keepers = {(mv.tensor_id, mv.target) for mv in rp.moves if mv.keep_copy}
+    assert all((mv.tensor_id, mv.target) in keepers for mv in rp.moves if mv.reuse_copy)
+    assert any(mv.target == "ssd" for mv in rp.moves if problem.kind[mv.period] == "param")  # traded
