@@ -45,7 +45,7 @@ bench: install
 	$(PY) bench/jobs.py
 	$(PY) bench/on_demand.py
 
-# On a lent GPU machine, with its own torch and nothing installed: the tests that run on CUDA (5
+# On a lent GPU machine, with its own torch and nothing installed: the tests that run on CUDA (2
 # minutes on an H200 with -n 16; -v names each failure as it happens, so a call's limit that cuts
 # the summary off loses no name), then the predictions (about 4) and the curve against
 # checkpointing (about 2): two calls of 10 minutes (BENCHMARKS.md, the H200 sections).
