@@ -365,6 +365,7 @@ class PlanExecutor(OpStream):
         # NOTE [ Made anew ]: plan id -> id now of its successor; the ops whose accesses find one
         self._made_anew: dict[int, int] = {}
         self._followed_to = 0  # the ops of the steady plan the iteration ran before it left it
+        self._left_out: set[int] = set()  # NOTE [ Gradients left out ]: out, the plan has them in
         self._watched = {m.period_start_op % max(1, self.steady.num_ops) for m in moves
                          if m.action == "offload" and _replaceable(m.tensor_id)}
         self._accessed: dict[int, tuple[int, ...]] = {}  # watched op -> the ids it last read or made
@@ -452,13 +453,14 @@ class PlanExecutor(OpStream):
                     continue
                 # NOTE [ Ops on a tensor going out ]: not where the iteration left its plan at this op
                 if (self.schedule is not None and tid not in self._sent_again and tid not in self._again
-                        and not leaves_in_flight(name)):
+                        and tid not in self._left_out and not leaves_in_flight(name)):
                     if entry.state is Residency.OFFLOADING and not entry.touched and entry.job is not None:
                         self._again[tid] = (entry.target, entry.job.urgent, entry.job.priority)
                     elif entry.state in (Residency.SSD, Residency.HOST):
                         entry.keep_for_reuse = self.reuse_copies and not any(w for t, _, w in inputs if t == tid)
                         self._again[tid] = (entry.target, False, 0)
                 self._make_resident(tid, entry)
+                self._left_out.discard(tid)  # back: the plan's again from here
         if self.copies:
             for tid, _, written in inputs:
                 if written and tid in self.copies:
@@ -1801,11 +1803,13 @@ class PlanExecutor(OpStream):
             entry = self.moved.get(tid)
             if entry is not None and entry.state is Residency.OFFLOADING:
                 self._wait(entry, "boundary")
+        self._left_out.clear()
         for tid in boundary.bring_back:
             entry = self.moved.get(tid)
             if entry is None or tid in self._out_for_good:  # not the plan's: it stays out
                 continue
             if self.persistent.get(tid, ("", ""))[1] == "grad":  # NOTE [ Gradients left out ]
+                self._left_out.add(tid)
                 continue
             if entry.state is Residency.OFFLOADING:
                 self._needed_again(entry)
@@ -1815,12 +1819,15 @@ class PlanExecutor(OpStream):
 
     # NOTE [ Gradients left out ]: a boundary comes as the optimizer's step ends, and most scripts
     # drop the gradients (``zero_grad()``, set_to_none) before the next backward pass uses them. A
-    # gradient out at a boundary after an iteration run on demand (sent out to keep it within the
-    # budget, or by iteration 0's plan), that the plan has in because the profile's lived until op
-    # 0, was read back for nothing, and its read held its bytes after the script dropped it (the
-    # job reads into the storage): a DDP job with a layer some steps skip went 1.13x over its
-    # budget at an op that allocated while the read was still queued. So gradients stay out
-    # there; one a script accumulates into comes back when its backward pass needs it.
+    # gradient out at the boundary after an iteration run on demand (sent out to keep it within
+    # the budget) or after iteration 0 (its plan sent it out), that the steady plan has in because
+    # the profile's lived until op 0, was read back for nothing, and its read held its bytes after
+    # the script dropped it (the job reads into the storage): a DDP job with a layer some steps
+    # skip went 1.13x over its budget at an op that allocated while the read was still queued. So
+    # gradients stay out there (only there: after a followed iteration nothing is out that the
+    # plan has in). One a script keeps (accumulation, ``zero_grad(set_to_none=False)``, DDP's
+    # gradients as bucket views) comes back when an op first needs it, a wait each, and stays: the
+    # plan has it in, so it is not sent out again after that op.
     # NOTE [ Left over ]: an iteration run on demand (an evaluation) may make a storage that lives
     # on unused, unknown to the plan: the best weights so far, copied when the validation loss
     # improves. A plan has such copies out (NOTE [ Untouched storages ] in profiles.views), and
@@ -1864,9 +1871,12 @@ class PlanExecutor(OpStream):
             if (entry := self.moved.get(tid)) is not None:  # iteration 0's plan sent it out for good
                 if self._ending is Ending.FIRST and not entry.touched and entry.state is not Residency.FETCHING:
                     sent.append(tid)
-            elif storage.nbytes() >= UNTOUCHED_MIN_BYTES and self.movable(storage):
-                # One that cannot move (a DataLoader worker's batch, in shared memory) stays, unsaid:
-                # the plan never moved it, and a warning that teraio cannot move it misled.
+            elif storage.nbytes() >= UNTOUCHED_MIN_BYTES and not self.movable(storage):
+                # One that cannot move (a DataLoader worker's batch, in shared memory) stays, counted
+                # for the run's summary but unsaid here: the plan never moved it, and a warning that
+                # teraio cannot move it misled.
+                self.stats.not_resizable.append(self._describe(tid))
+            elif storage.nbytes() >= UNTOUCHED_MIN_BYTES:
                 self._offload(tid, storage, self._spill, urgent=True)
                 if tid in self.moved:
                     sent.append(tid)

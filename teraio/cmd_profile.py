@@ -282,6 +282,12 @@ def profile(
     prof = tracer.profile(meta)
     first = prof.kernels["iteration"] == prof.kernels["iteration"].min()  # this process's ops
     num_ops = int((first & (prof.kernels["rank"] == prof.kernels["rank"].min())).sum())
+    # where the kept iterations may be the evaluations, how to keep training steps: start recording at
+    # the first one set aside (an evaluation every other step fills its group first, whatever --iters),
+    # or where that is where recording starts already, record more
+    fewer = [s["iteration"] for s in prof.meta["skipped_iterations"] if s.get("num_ops", num_ops) < num_ops]
+    keep_steps = (f"start recording at iteration {min(fewer)} (--warmup {min(fewer)})" if fewer and min(fewer) > warmup
+                  else f"record more (--iters {iters + 1})")
     for skipped in prof.meta["skipped_iterations"]:
         if skipped["sizes_only"]:  # NOTE [ Other sizes ] in runtime/executor.py
             cause = ("its tensor sizes differ: a smaller last batch, or dynamic padding? pad to one shape for "
@@ -294,10 +300,10 @@ def profile(
                      "for every step to be planned")
             then = "`teraio run` runs iterations like it on demand"
         elif skipped.get("num_ops", num_ops) < num_ops:  # the kept ones may be the rarer kind
-            cause = (f"it runs fewer ops than the kept iterations, {skipped['num_ops']:,} against {num_ops:,}: "
-                     "if those hold an evaluation or a checkpoint that comes every few steps, profile so that "
-                     f"training steps are the ones alike: record more (--iters {iters + 1}), or start "
-                     "recording at a training step (--warmup N starts at iteration N)")
+            cause = ("an evaluation or checkpoint between steps, or a branch some steps take? It runs fewer ops "
+                     f"than the kept iterations, {skipped['num_ops']:,} against {num_ops:,}: if those hold an "
+                     "evaluation or a checkpoint that comes every few steps, keep training steps instead: "
+                     f"{keep_steps}")
             then = "`teraio run` runs iterations like it on demand"
         else:
             cause = "an evaluation or checkpoint between steps, or a branch some steps take?"

@@ -152,7 +152,8 @@ ALTERNATING = {  # what changes every other step: (the step's lines, what the pr
     if step % 2 == 1:
         with torch.no_grad():
             head(cell(torch.randn(4, 8), torch.zeros(4, 16))).sum()
-""", "(it runs fewer ops than the kept iterations, ", False),
+""", "It runs fewer ops than the kept iterations, 79 against 100: if those hold an evaluation or a checkpoint that "
+        "comes every few steps, keep training steps instead: start recording at iteration 2 (--warmup 2)", False),
     # a smaller last batch of a data set made before the loop, which is carried into iteration 1 and
     # long-lived from iteration 2 under another id (a review found it said to run other ops)
     "last batch": ("""

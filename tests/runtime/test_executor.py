@@ -1098,6 +1098,42 @@ def sent_out(ex: Any, t: torch.Tensor) -> int:
     return int(tid)
 
 
+def test_a_gradient_kept_across_the_boundary_comes_back_once(tmp_path: Path) -> None:
+    """NOTE [ Gradients left out ]: a script that keeps its gradients (``zero_grad(set_to_none=False)``)
+    gets those left out at a boundary back when an op first needs them, each once: the plan has them
+    in, so they are not sent out again after that op (they were, and read back again, 9 reads on
+    demand for 6 gradients: a review's case)."""
+    def loop(ex: Any = None, steps: int = 5) -> tuple[list[float], list[torch.Tensor]]:
+        model, opt, gen = mlp_and_data()
+        step_now, losses = [0], []
+
+        def grads_out(*_: Any) -> None:  # as hold-on-demand sends them out, before the boundary's hook
+            if ex is not None and step_now[0] == 2:
+                for p in model.parameters():
+                    sent_out(ex, p.grad)
+
+        opt.register_step_post_hook(grads_out)
+        for step in range(steps):
+            step_now[0] = step
+            opt.zero_grad(set_to_none=False)
+            loss = model(torch.randn(64, 32, generator=gen)).square().mean()
+            if step == 2 and ex is not None:
+                torch.ones(3).add_(1)  # the iteration leaves its plan: on demand from here
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    tracer = Tracer(warmup=1, iters=1)
+    with pytest.raises(ProfileComplete), tracer:
+        loop()
+    plan = hand_plan(tracer.profile({}))
+    expected = loop()
+    with offload(plan, swap_dir=tmp_path) as ex:
+        assert same(loop(ex), expected)
+    assert ex.stats.iteration_followed[3] and ex.stats.iteration_on_demand_fetches[3] == 6
+
+
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_gradients_out_at_a_boundary_stay_out(plan: Plan, tmp_path: Path, accumulate: bool) -> None:
     """NOTE [ Gradients left out ]: after an iteration run on demand, the boundary (as the
