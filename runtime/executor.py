@@ -1872,10 +1872,13 @@ class PlanExecutor(OpStream):
                 if self._ending is Ending.FIRST and not entry.touched and entry.state is not Residency.FETCHING:
                     sent.append(tid)
             elif storage.nbytes() >= UNTOUCHED_MIN_BYTES and not self.movable(storage):
-                # One that cannot move (a DataLoader worker's batch, in shared memory) stays, counted
-                # for the run's summary but unsaid here: the plan never moved it, and a warning that
-                # teraio cannot move it misled.
-                self.stats.not_resizable.append(self._describe(tid))
+                # One that cannot move stays, said as this rule's: the warning of a planned move
+                # read as the plan failing on a DataLoader worker's batch (in shared memory)
+                what = self._describe(tid)
+                self.stats.not_resizable.append(what)
+                self._warn_once("left over", f"{what} cannot be freed in place ({self._why_fixed(storage)}), so "
+                                "it stays in memory: an iteration run on demand or iteration 0 left it alive, and "
+                                "the plan does not move it; so does every such tensor")
             elif storage.nbytes() >= UNTOUCHED_MIN_BYTES:
                 self._offload(tid, storage, self._spill, urgent=True)
                 if tid in self.moved:
