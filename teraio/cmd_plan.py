@@ -497,7 +497,7 @@ def plan(
         try:
             rank_plans[rank] = plan_rank(problem, hw, progress=lambda line: info(f"planning: {line}"))
         except InfeasibleBudgetError as exc:
-            fail(f"rank {rank}: {exc}")
+            fail(f"rank {rank}: {exc}" if len(problems) > 1 else str(exc))
         if compare and rank == prof.ranks[0]:
             comparison = compare_policies(prof, problem, hw, rank_plans[rank], rank)
     first_plan = plan_first(prof, hw)

@@ -131,10 +131,15 @@ def _summary(r: dict[str, Any], profiled_from: int = 1, held: bool = False) -> s
                 "none (a profile taken before teraio-profile/3, or not on this GPU: profile again here)")) +
             "; plan with that much less --gpu-mem" if over else ""))
     if r["first_iteration_peak_bytes"] is not None:
-        budget = r["first_iteration_budget_bytes"]
+        first, steady = r["first_iteration_budget_bytes"], pred.get("gpu_mem_bytes")
+        if first is None:
+            planned = "no plan for it"
+        elif steady is not None and first > steady:  # the plan said it cannot fit the budget
+            planned = f"its plan's {_mib(first)}, above the budget of {_mib(steady)}, as the plan warned"
+        else:
+            planned = f"budget {_mib(first)}"
         lines.insert(1, f"iteration 0 (set-up, optimizer state made): peak tracked memory "
-                        f"{_mib(r['first_iteration_peak_bytes'])} ("
-                        + (f"budget {_mib(budget)}" if budget is not None else "no plan for it")
+                        f"{_mib(r['first_iteration_peak_bytes'])} (" + planned
                         + (f", left its plan at {r['first_iteration_left_plan_at']}"
                            if r["first_iteration_left_plan_at"] else "") + ")")
     return "\n".join(f"{who()}: {line}" for line in lines)

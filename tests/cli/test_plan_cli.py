@@ -71,6 +71,7 @@ def test_capacity_error_names_the_op_and_bytes(synth: Path) -> None:
     assert r.returncode == 2
     line = r.stderr.strip().splitlines()[-1]
     assert "op " in line and "bytes" in line and "capacity 1,048,576 bytes" in line
+    assert "rank 0" not in line  # one process: no rank to name (a sweep's scripts read "rank 0: op 65 ...")
 
 
 def test_the_first_iteration_is_planned_and_held_to_the_least_it_fits_in(tmp_path: Path) -> None:

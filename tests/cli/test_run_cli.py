@@ -437,3 +437,21 @@ def test_a_wrapper_subclass_of_two_tensors_is_moved_as_its_two_tensors(tmp_path:
     r = run_teraio("run", "--plan", tmp_path / "plan.json", "--swap-dir", tmp_path, script)
     assert r.returncode == 0, r.stderr[-3000:]
     assert losses(r.stdout) == losses(plain.stdout) and len(losses(plain.stdout)) == 6
+
+
+def test_iteration_0_above_the_budget_is_said_so() -> None:
+    """Where iteration 0 cannot fit the budget, its plan is for more, as `teraio plan` warned; the
+    summary named that figure "budget" (a sweep read the line as iteration 0 within the budget)."""
+    from teraio.cmd_run import _summary
+
+    mib = 1 << 20
+    report = {"predicted": {"gpu_mem_bytes": 100 * mib}, "peak_tracked_bytes": 90 * mib, "peak_rss_bytes": mib,
+              "measured_iteration_s": 0.1, "stalls": 0, "stall_s": 0.0, "on_demand_fetches": 0,
+              "bytes_written": {}, "bytes_read": {}, "iteration_peak_bytes": [150 * mib, 90 * mib],
+              "unfollowed_iterations": [], "iteration_followed": [True, True], "compiled": [],
+              "first_iteration_peak_bytes": 150 * mib, "first_iteration_budget_bytes": 150 * mib,
+              "first_iteration_left_plan_at": None}
+    assert ("peak tracked memory 150.0 MiB (its plan's 150.0 MiB, above the budget of 100.0 MiB, as the plan "
+            "warned)") in _summary(report)
+    report["first_iteration_budget_bytes"] = 100 * mib
+    assert "(budget 100.0 MiB)" in _summary(report)
