@@ -76,10 +76,10 @@ def _lag_bytes(problem: PlanProblem, moves: Sequence[Move], sim: SimResult, hw: 
     bw = hw.channel_bw()
     ssd_bw, host_bw = bw["ssd_read"], bw["host_read"]
     first = bound.window_first_op
-    at = np.array([mv.end_op % problem.num_ops for mv in moves if mv.reads_back], np.int64)
-    window = np.searchsorted(first, at, side="right") - 1
-    size = np.array([mv.size_bytes for mv in moves if mv.reads_back], np.float64)
-    on_host = np.array([mv.target == "host" for mv in moves if mv.reads_back], bool)
+    reads = [mv for mv in moves if mv.reads_back]
+    window = np.searchsorted(first, np.array([mv.end_op % problem.num_ops for mv in reads], np.int64), side="right") - 1
+    size = np.array([mv.size_bytes for mv in reads], np.float64)
+    on_host = np.array([mv.target == "host" for mv in reads], bool)
     host = np.bincount(window[on_host], size[on_host], len(first))
     ssd = np.bincount(window[~on_host], size[~on_host], len(first))
     above = window_times_us(sim, first) > bound.window_us
@@ -95,9 +95,9 @@ def swap_weights(problem: PlanProblem, moves: Sequence[Move], sim: SimResult, hw
     if hw.host_mem_bytes <= 0 or problem.num_ops == 0:
         return None
     lag = _lag_bytes(problem, moves, sim, hw, bound)
-    pairs = _pairs(problem, moves)
+    pairs = _pairs(problem, moves) if lag > 0 else []
     total = sum(moves[mine[0]].size_bytes for mine, _ in pairs)
-    if lag <= 0 or not total:
+    if not total:
         return None
     out, n = list(moves), problem.num_ops
     held = host_held(problem, out)

@@ -280,8 +280,7 @@ def profile(
             meta["builtin_model"]["job"] = job.describe(CONFIGS[train_cfg.model])
             meta["builtin_model"]["num_micro_batches"] = job.micro_batches_per_rank(train_cfg)
     prof = tracer.profile(meta)
-    first = prof.kernels["iteration"] == prof.kernels["iteration"].min()  # this process's ops
-    num_ops = int((first & (prof.kernels["rank"] == prof.kernels["rank"].min())).sum())
+    num_ops = len(prof.kernels_of(prof.ranks[0]))  # this process's rank: a kept iteration's ops
     # where the kept iterations may be the evaluations, how to keep training steps: start recording at
     # the first one set aside (an evaluation every other step fills its group first, whatever --iters),
     # or where that is where recording starts already, record more
