@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -94,7 +95,8 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
 
     Results are bit-identical to running the body without it. Every tensor
     moved out is back when the block ends; swap files are removed on exit, on
-    error and on Ctrl-C (SIGTERM is turned into ``SystemExit``). A tensor that
+    error, on Ctrl-C and on SIGTERM, SIGHUP and SIGQUIT (each turned into ``SystemExit``
+    with 128 + its number, where it would have ended the process outright). A tensor that
     cannot be brought back at exit keeps its bytes in a ``teraio-kept-*``
     directory, and ``SwapKeptError`` names them (chained to the exception that
     ended the block, if one did). ``rank``: which rank's section of the plan to
@@ -135,7 +137,7 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
     backends: dict[str, Backend] = {}
     engine: MigrationEngine | None = None
     executor: PlanExecutor | None = None
-    old_term: Any = None
+    old_handlers: dict[int, Any] = {}
     ended_by: BaseException | None = None
     t0 = time.perf_counter()
     try:
@@ -145,7 +147,7 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
             reuse_copies = os.environ.get("TERAIO_REUSE_COPIES", "1") != "0"
         executor = PlanExecutor(run_plan, backends, engine, rank, reuse_copies=reuse_copies,
                                 hold_on_demand=hold_on_demand, stream_copies=stream_copies)
-        old_term = _term_as_exit()
+        old_handlers = _signals_as_exit()
         reset_peak_rss()
         t0 = time.perf_counter()
         with executor:
@@ -169,8 +171,8 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
                     if kept is not None:
                         raise kept from ended_by
         finally:
-            if old_term is not None:
-                signal.signal(signal.SIGTERM, old_term)
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
 
 
 def _close_backends(executor: PlanExecutor | None,
@@ -195,13 +197,24 @@ def _close_backends(executor: PlanExecutor | None,
     return SwapKeptError(kept, named) if kept else None
 
 
-def _term_as_exit() -> Any:
-    if sys.platform == "win32":
-        return None
-    try:
-        return signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    except ValueError:  # not the main thread
-        return None
+# Signals that end a process outright where nothing handles them, and so would leave swap files
+# and no report: a closed terminal or a dropped ssh session sends SIGHUP, Ctrl-\\ SIGQUIT, and
+# torchrun passes all of these (and SIGINT) on to every rank of its job.
+_ENDING_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT")
+
+
+def _signals_as_exit() -> dict[int, Any]:
+    """Make each of ``_ENDING_SIGNALS`` that would end the process outright (its handler is the
+    default one: not ignored, as ``nohup`` ignores SIGHUP, nor handled) raise ``SystemExit(128 +
+    its number)`` instead, so that the run cleans up as on Ctrl-C; the handlers replaced."""
+    old: dict[int, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return old
+    for name in _ENDING_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:
+            old[sig] = signal.signal(sig, lambda signum, _: sys.exit(128 + signum))
+    return old
 
 
 def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, Any]:

@@ -1936,14 +1936,15 @@ class PlanExecutor(OpStream):
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait for the body (bringing every tensor back at exit) to end, then
-    act as they would have: a second Ctrl-C, or a launcher stopping a job's other ranks, must
-    not leave bytes only in swap files. Main thread only; elsewhere a no-op."""
+    """SIGINT, SIGTERM, SIGHUP and SIGQUIT wait for the body (bringing every tensor back at exit)
+    to end, then act as they would have: a second Ctrl-C, or a launcher stopping a job's other
+    ranks, must not leave bytes only in swap files. Main thread only; elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held: list[tuple[int, Any]] = []
-    before = {sig: h for sig in (signal.SIGINT, signal.SIGTERM) if (h := signal.getsignal(sig)) is not None}
+    signals = [s for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if (s := getattr(signal, name, None))]
+    before = {sig: h for sig in signals if (h := signal.getsignal(sig)) is not None}
     for sig in before:
         signal.signal(sig, lambda signum, frame: held.append((signum, frame)))
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -251,7 +252,8 @@ def run(
         fail(str(exc), EXIT_FAILED)
     except ScriptFailed as exc:
         _report_so_far(report, world_size, out, run_plan, t0)
-        what = "was stopped by SIGTERM" if exc.exit_code == 143 else "failed"
+        stopped_by = {128 + s: s.name for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}  # runtime.api
+        what = f"was stopped by {stopped_by[exc.exit_code]}" if exc.exit_code in stopped_by else "failed"
         fail(f"{script} {what} (exit status {exc.exit_code})", exc.exit_code)
     except KeyboardInterrupt:
         _report_so_far(report, world_size, out, run_plan, t0)

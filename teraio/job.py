@@ -65,6 +65,7 @@ def launch(nproc: int, argv: list[str], after: Callable[[], None] | None = None)
     standalone rendezvous, no restarts). A failed rank ends the job (torchrun stops the
     others); this fails naming it. Returns when every worker is done; ``after`` runs
     then, failed or not, before the error."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -73,6 +74,14 @@ def launch(nproc: int, argv: list[str], after: Callable[[], None] | None = None)
     info(f"starting {nproc} workers with torch.distributed.run (ranks 0-{nproc - 1})")
     try:
         run(args)
+    except SignalException as exc:  # Ctrl-C, SIGTERM, SIGHUP or SIGQUIT to this process
+        # torchrun passed it on to every rank and waited for them: each cleaned up as a single
+        # process does (runtime.api) and said so above
+        if after is not None:
+            after()
+        name = signal.Signals(exc.sigval).name
+        fail(f"the job was stopped by {name}, which every rank was sent too",
+             128 + int(exc.sigval))
     except ChildFailedError as exc:
         if after is not None:
             after()

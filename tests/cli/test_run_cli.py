@@ -322,7 +322,7 @@ for step in range(6):
     if step == int(sys.argv[1]):
         if sys.argv[2] == "raises":
             raise RuntimeError("the script's own error")
-        os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler stops a job
+        os.kill(os.getpid(), getattr(signal, sys.argv[2]))  # as a scheduler stops a job, or a closed terminal
     loss = model(torch.randn(64, 256)).square().mean()
     opt.zero_grad()
     loss.backward()
@@ -331,7 +331,8 @@ for step in range(6):
 '''
 
 
-@pytest.mark.parametrize(("how", "code", "said"), [("raises", 1, "failed"), ("SIGTERM", 143, "was stopped by SIGTERM")])
+@pytest.mark.parametrize(("how", "code", "said"), [("raises", 1, "failed"), ("SIGTERM", 143, "was stopped by SIGTERM"),
+                                                   ("SIGHUP", 129, "was stopped by SIGHUP")])
 def test_a_script_that_stops_is_said_and_its_report_written(tmp_path: Path, how: str, code: int, said: str) -> None:
     """A script that fails or is stopped at step 3: its exit status, a line that says which, the
     run report of the steps it ran, and no swap files left."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -199,9 +201,11 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_a_rank_that_dies_ends_the_job_at_once_naming_it_and_leaves_no_swap_files(tmp_path: Path) -> None:
+def test_a_rank_that_dies_or_a_hangup_ends_the_job_at_once_and_leaves_no_swap_files(tmp_path: Path) -> None:
     """Rank 1 is killed (SIGKILL, as by the OOM killer) in its third step: the job stops
-    within seconds with one error naming the rank, and no rank's swap files stay behind."""
+    within seconds with one error naming the rank, and no rank's swap files stay behind. So
+    does a SIGHUP to `teraio run` (a closed terminal), which torchrun passes on to every rank:
+    it ended the ranks outright, leaving 60 swap files, and the launcher with a traceback."""
     script, args = EXAMPLES / "train_gpt_ddp.py", [*ARGS, "--steps", "8"]
     r = teraio("profile", "--nproc", "2", script, "--out", tmp_path / "profile", "--", *args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -218,6 +222,25 @@ def test_a_rank_that_dies_ends_the_job_at_once_naming_it_and_leaves_no_swap_file
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("teraio: error: rank 1 failed (killed by SIGKILL)"), r.stderr[-3000:]
     assert len(losses(r.stdout)) < 8 and took < 60
+    assert not list(swap.glob("teraio-swap-*")), list(swap.iterdir())
+
+    proc = start("-m", "teraio", "run", "--nproc", "2", "--plan", tmp_path / "plan.json", "--swap-dir", swap,
+                 script, "--", *args, "--steps", "1000", cwd=tmp_path)
+    watchdog = threading.Timer(TIMEOUT_S, proc.kill)
+    watchdog.start()
+    try:
+        assert proc.stdout is not None
+        while not (line := proc.stdout.readline()).startswith("step 2 ") and line:
+            pass
+        proc.send_signal(signal.SIGHUP)
+        r = finish(proc)
+    finally:
+        watchdog.cancel()
+    assert r.returncode == 129, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1] == "teraio: error: the job was stopped by SIGHUP, which every rank " \
+        "was sent too", r.stderr[-3000:]
+    # (a rank whose peer ended first may fail in a collective before its own signal is handled)
+    assert "was stopped by SIGHUP (exit status 129)" in r.stderr, r.stderr[-3000:]
     assert not list(swap.glob("teraio-swap-*")), list(swap.iterdir())
 
 
