@@ -829,11 +829,17 @@ class Tracer(OpStream):
         new = sorted(t for t in rec.alloc
                      if t >= PRODUCED_BASE and t not in rec.frees and t not in self.labels)
         made = set(new)
-        pairs = {t: t & ~CARRIED_FLAG for t in prev if t & ~CARRIED_FLAG in made}  # by position
+        # (in iteration 1 by position and by order only where the sizes agree: iteration 0's op
+        # indices include the set-up, so its loss, made at the op whose index iteration 1 gives a
+        # bf16 copy, took the copy's size, and iteration 1 was set aside as of other sizes)
+        first = self.iteration == 1
+        pairs = {t: t & ~CARRIED_FLAG for t in prev  # by position
+                 if t & ~CARRIED_FLAG in made and (not first or rec.carried[t] == self.sizes.get(t & ~CARRIED_FLAG))}
         paired = set(pairs.values())
         prev = [t for t in prev if t not in pairs]
         new = [t for t in new if t not in paired]
-        if prev and len(prev) == len(new):
+        if prev and len(prev) == len(new) and (not first or [rec.carried[t] for t in prev]
+                                                == [self.sizes.get(t, -1) for t in new]):
             pairs.update(zip(prev, new, strict=True))
         elif prev and new and self.iteration == 1:  # (later ones: frees on gloo's thread vary)
             a, b = [rec.carried[t] for t in prev], [self.sizes.get(t, -1) for t in new]

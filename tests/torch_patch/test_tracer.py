@@ -555,3 +555,40 @@ def test_gradients_freed_late_in_a_step_are_one_storage_that_wraps(where: str) -
         return int(resident_need_bytes(problem_from_profile(prof)).max())
 
     assert smallest(late=True) == smallest(late=False)
+
+
+def test_a_loss_carried_from_iteration_0_keeps_its_size_where_iteration_1_makes_another_at_its_index() -> None:
+    """Manual mixed precision (a sweep's): bf16 weights copied back from fp32 masters after each
+    step. Iteration 0's op indices include the set-up, so its loss, still bound at the boundary,
+    has the index of a 1 KiB bf16 copy iteration 1 makes and keeps: paired by position, the loss
+    took the copy's size, iteration 1 was set aside as of other sizes and 7 were recorded."""
+    import copy
+
+    from torch import nn
+
+    def train() -> None:
+        torch.manual_seed(0)
+        m32 = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+        m16 = copy.deepcopy(m32).to(torch.bfloat16)
+        master = [q.detach().clone().float() for q in m32.parameters()]
+        opt = torch.optim.Adam(master, lr=1e-3)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(8):
+            x, y = torch.randn(256, 128, generator=gen).bfloat16(), torch.randint(0, 10, (256,), generator=gen)
+            loss = nn.functional.cross_entropy(m16(x).float(), y)
+            m16.zero_grad(set_to_none=True)
+            (loss * 128.0).backward()
+            for mp, q in zip(master, m16.parameters(), strict=True):
+                mp.grad = q.grad.float() / 128.0
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                for mp, q in zip(master, m16.parameters(), strict=True):
+                    q.copy_(mp)
+            loss.item()
+
+    tracer = Tracer(warmup=1, iters=2)
+    with pytest.raises(ProfileComplete), tracer:
+        train()
+    meta = tracer.profile({}).meta
+    assert meta["iterations"] == [1, 2] and not meta["skipped_iterations"], meta["skipped_iterations"]
