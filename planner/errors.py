@@ -16,14 +16,22 @@ class InfeasibleBudgetError(TeraioError, ValueError):
     """The device capacity is below what one op needs resident at once: no plan can fit."""
 
     def __init__(self, op_index: int, op_name: str, need_bytes: int, active_bytes: int,
-                 capacity_bytes: int, scratch_bytes: int = 0) -> None:
+                 capacity_bytes: int, scratch_bytes: int = 0, phase: str = "") -> None:
         inside = f", {scratch_bytes:,} it allocates inside itself" if scratch_bytes else ""
+        # an optimizer's step over every parameter at once (foreach or fused, PyTorch's default
+        # where it can) needs them all with their gradients and states: the batch is not in it, and
+        # a step per parameter needs one parameter's share (a sweep's fused AdamW: 6.7 MB at once)
+        if "_foreach_" in op_name or "_fused_" in op_name:
+            other = (" or make the optimizer step one parameter at a time (foreach=False, and fused=False "
+                     "where it is set): this op steps them all at once")
+        else:
+            other = "" if phase == "optimizer" else " or shrink the batch"
         super().__init__(
             f"op {op_index} ({op_name}) needs {need_bytes:,} bytes ({_readable(need_bytes)}) "
             f"resident at once ({active_bytes:,} bytes of its own inputs and outputs{inside}, the rest "
             f"tensors that are never idle there or that cannot move), more than the capacity {capacity_bytes:,} bytes "
             f"({_readable(capacity_bytes)}); the smallest capacity any plan can meet is {need_bytes:,} "
-            f"bytes: raise --gpu-mem to that (`--gpu-mem min` plans at it) or shrink the batch"
+            f"bytes: raise --gpu-mem to that (`--gpu-mem min` plans at it){other}"
         )
         self.op_index = op_index
         self.op_name = op_name

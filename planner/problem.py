@@ -377,4 +377,5 @@ def check_capacity(problem: PlanProblem, capacity_bytes: int) -> None:
     if problem.num_ops and need.max() > capacity_bytes:
         k = int(need.argmax())
         raise InfeasibleBudgetError(k, problem.op_names[k], int(need[k]),
-                                    int(problem.active_bytes[k]), capacity_bytes, int(problem.scratch[k]))
+                                    int(problem.active_bytes[k]), capacity_bytes, int(problem.scratch[k]),
+                                    str(problem.phase[k]))

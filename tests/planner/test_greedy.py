@@ -57,6 +57,11 @@ def test_capacity_below_one_op_names_the_op_and_bytes() -> None:
     assert "op 0 (op0) needs 110 bytes" in str(err.value) and "105 bytes" in str(err.value)
     assert isinstance(err.value, ValueError)
     assert "inside itself" not in str(err.value)
+    assert str(err.value).endswith("raise --gpu-mem to that (`--gpu-mem min` plans at it) or shrink the batch")
+    # an optimizer step over every parameter at once: the batch is not in it (a sweep's fused AdamW)
+    fused = InfeasibleBudgetError(117, "aten._fused_adamw_.default", 6_656_012, 6_656_012, 4_000_000, 0, "optimizer")
+    assert "shrink the batch" not in str(fused) and "foreach=False" in str(fused)
+    assert str(InfeasibleBudgetError(3, "aten.addcdiv_.Tensor", 9, 9, 8, 0, "optimizer")).endswith("plans at it)")
 
 
 def test_capacity_below_one_op_counts_its_scratch() -> None:
