@@ -18,6 +18,7 @@ from teraio.job import gather, job_place, launch, part_path, without_nproc
 
 __all__ = ["profile"]
 
+_FEWER_OPS = 0.9  # a set-aside iteration with fewer of the kept ones' ops than this may be a training step
 
 def _default_out(script: Path) -> Path:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")  # the same on every rank of a torchrun job
@@ -284,7 +285,11 @@ def profile(
     # where the kept iterations may be the evaluations, how to keep training steps: start recording at
     # the first one set aside (an evaluation every other step fills its group first, whatever --iters),
     # or where that is where recording starts already, record more
-    fewer = [s["iteration"] for s in prof.meta["skipped_iterations"] if s.get("num_ops", num_ops) < num_ops]
+    # (an evaluation adds many ops: a transformers Trainer's step 855 against 1,315 with one; a step
+    # a few ops shorter is something else, as L-BFGS's first steps, 710 against 720, or DDP's with
+    # static_graph=True, 168 against 169, both told to record more, which kept the same)
+    fewer = [s["iteration"] for s in prof.meta["skipped_iterations"]
+             if s.get("num_ops", num_ops) < _FEWER_OPS * num_ops]
     keep_steps = (f"start recording at iteration {min(fewer)} (--warmup {min(fewer)})" if fewer and min(fewer) > warmup
                   else f"record more (--iters {iters + 1})")
     for skipped in prof.meta["skipped_iterations"]:
@@ -298,7 +303,7 @@ def profile(
                      "sequences of two lengths, or an evaluation on batches of another size? pad to one shape "
                      "for every step to be planned")
             then = "`teraio run` runs iterations like it on demand"
-        elif skipped.get("num_ops", num_ops) < num_ops:  # the kept ones may be the rarer kind
+        elif skipped["iteration"] in fewer:  # the kept ones may be the rarer kind
             cause = ("an evaluation or checkpoint between steps, or a branch some steps take? It runs fewer ops "
                      f"than the kept iterations, {skipped['num_ops']:,} against {num_ops:,}: if those hold an "
                      "evaluation or a checkpoint that comes every few steps, keep training steps instead: "
