@@ -273,6 +273,7 @@ def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, A
         "not_resizable": s.not_resizable,
         "save_fetches": s.save_fetches,
         "thread_fetches": s.thread_fetches,
+        "held_by_collectives": s.held_by_collectives,
         "other_sizes": s.other_sizes,
         "iteration_larger_sizes": s.iteration_larger_sizes,
         "compiled": executor.compiled,

@@ -119,6 +119,7 @@ class RunStats:
     save_fetches: int = 0  # copies read for a torch.save (NOTE [ Streamed saves ]), or tensors brought back for a
     # legacy one (then freed again) or a read on another thread
     thread_fetches: int = 0  # tensors brought back for a read on another thread (NOTE [ Reads on other threads ])
+    held_by_collectives: int = 0  # offloads held back while a collective used the tensor (``_read_elsewhere``)
     other_sizes: int = 0  # planned offloads left out: their storage had another size or name
     iteration_larger_sizes: list[int] = field(default_factory=list)  # per iteration, those of larger storages
     reused_offloads: int = 0  # offloads that wrote nothing: the kept copy was still good
@@ -405,11 +406,18 @@ class PlanExecutor(OpStream):
         if self.forked():
             self._out_in_child([self.ids.storage(tid) for tid, _, _ in inputs], str(func))
             return func(*args, **kwargs)
+        if self._held_back and self._works:  # NOTE [ Out before the prefetches ]
+            self._await_held_back(index, moves=True)
         with self._lock:
             self._before_op(index, func, args, kwargs, inputs)
             short = self._short_of_room(index)
         if short:  # without the lock, which the thread that frees may need
             self._await_collectives(short)
+        elif self._held_back and self._works and self._await_held_back(index, moves=False):
+            with self._lock:  # what the works held goes out, and the op waits for its room
+                self._send_again(func, inputs)
+                if (schedule := self.schedule) is not None and index < len(schedule.made_bytes):
+                    self._make_room(schedule.made_bytes[index])
         out = func(*args, **kwargs)
         work = out[-1] if isinstance(out, tuple) and out else out  # c10d's (..., Work), or a Work (send)
         if isinstance(work, torch.ScriptObject):
@@ -433,7 +441,10 @@ class PlanExecutor(OpStream):
         if self.engine.completed:
             self._drain()
         if schedule is not None:
-            for m in schedule.triggers.get(index, ()):
+            triggers = schedule.triggers.get(index, ())
+            if self._again and triggers:  # NOTE [ Out before the prefetches ]
+                self._send_again(func, inputs, self._fetched_by(triggers))
+            for m in triggers:
                 self._start(m)
                 if self.schedule is None:  # a size differs: it left the plan
                     break
@@ -1099,12 +1110,85 @@ class PlanExecutor(OpStream):
     # does not move it to and fro; never after a collective, which returns before its transfer is
     # done (NOTE [ Busy in a collective ] in planner.problem): a write begun then would hold the
     # bytes from before it. A prefetch of it the plan starts meanwhile keeps it in.
-    def _send_again(self, func: Any, inputs: list[tuple[int, torch.Tensor, bool]]) -> None:
+    # NOTE [ Out before the prefetches ]: a tensor the plan sent out while a collective still
+    # used it (a DDP bucket whose all-reduce is not done, NOTE [ Collectives a script waits for ])
+    # goes out once the work is done, before the next op. The plan counts its bytes free from its
+    # offload on, so the prefetches of an op, which make room by waiting for the writes in flight
+    # (NOTE [ Room ]), must find its write among them. DDP with static_graph=True (its buckets'
+    # all-reduces done later than in the profile) had followed iterations at 1.12x their budget
+    # in 5 of 5 runs beside two busy loops (a sweep's): the prefetches ran before such a tensor
+    # went out, or before its work was done. So such tensors go out before an op's planned moves
+    # as well as after them (but for those the op brings back), and before an op whose
+    # prefetches and allocation do not fit without them, the training thread waits for their
+    # works as for buffers of collectives (NOTE [ Buffers of collectives in flight ]: without the
+    # executor's lock, as a hook's callback on gloo's thread runs ops; within what is left of
+    # ``_COLLECTIVE_WAIT_S`` in the iteration). With both, 0 of 5 runs went over.
+    def _await_held_back(self, index: int, moves: bool) -> bool:
+        """Wait while op ``index`` (with its planned moves, or after them) is short of room that
+        tensors collectives hold could make; whether it waited."""
+        t0 = time.perf_counter()
+        waited = False
+        while True:
+            with self._lock:
+                if self._works:
+                    self._forget_works(_done)  # a done one's tensors go out before the op
+                short = self._short_behind_works(index, moves)
+            left = self._collective_wait_left - (time.perf_counter() - t0)
+            if not short or left <= 0:
+                break
+            waited = True
+            time.sleep(min(left, _COLLECTIVE_POLL_S))
+        if waited:
+            spent = time.perf_counter() - t0
+            with self._lock:
+                self._collective_wait_left -= spent
+                self._stalled("collective", spent)
+        return waited
+
+    def _short_behind_works(self, index: int, moves: bool) -> bool:
+        """Whether what op ``index`` allocates, with its planned prefetches where ``moves``, does
+        not fit in the budget, even once the writes in flight are done, and tensors the plan has
+        out that collectives hold could make room for it (not the buffers an iteration's ops made
+        for a collective: NOTE [ Buffers of collectives in flight ] waits for those)."""
+        schedule = self.schedule
+        if schedule is None or schedule.budget_bytes is None or not self._held_back:
+            return False
+        need = schedule.made_bytes[index] if index < len(schedule.made_bytes) else 0
+        if moves:
+            need += sum(m.size_bytes for m in schedule.triggers.get(index, ()) if m.action != "offload")
+        if not need:
+            return False
+        freeing = sum(e.nbytes for e in self._writes if e.state is Residency.OFFLOADING and not e.touched)
+        over = self.stats.tracked_bytes - freeing + need - schedule.budget_bytes
+        if over <= 0:
+            return False
+        held = 0
+        for tid in self._held_back:
+            storage = self.ids.storage(tid)
+            if (storage is not None and tid not in self.moved and tid not in self._in_collective
+                    and self._in_work(storage)):
+                held += storage.nbytes()
+        return held > 0
+
+    def _fetched_by(self, moves: tuple[Migration, ...]) -> set[int]:
+        """The ids the prefetches among ``moves`` may bring back (as ``_start`` finds them)."""
+        ids: set[int] = set()
+        for m in moves:
+            if m.action != "offload":
+                ids.update((m.tensor_id, self.plan_ids.get(m.tensor_id, m.tensor_id),
+                            self._named.get(m.name, m.tensor_id) if m.name is not None else m.tensor_id))
+        return ids
+
+    def _send_again(self, func: Any, inputs: list[tuple[int, torch.Tensor, bool]],
+                    fetched: set[int] | frozenset[int] = frozenset()) -> None:
         """Before op ``func``: the tensors an earlier op used where the plan has them out go out
-        again, unless this op uses them too (NOTE [ Ops on a tensor going out ])."""
+        again, unless this op uses them too (NOTE [ Ops on a tensor going out ]) or its planned
+        moves bring them back (``fetched``, NOTE [ Out before the prefetches ])."""
         used = {tid for tid, _, _ in inputs}
         collective = leaves_in_flight(str(func))
         for tid in list(self._again):
+            if tid in fetched:
+                continue
             if tid in used:
                 if collective:  # busy until a wait no dispatch mode sees
                     del self._again[tid]
@@ -1601,6 +1685,7 @@ class PlanExecutor(OpStream):
                             "iteration may go over its budget")
             return True
         if self._in_work(storage):
+            self.stats.held_by_collectives += 1
             self._warn_once("work", f"{self._describe(tid)} is still used by a collective (one called with "
                             "async_op=True, by the script or a library such as DDP, not waited for yet) when "
                             "the plan moves it out, so it stays in memory until the collective is done; this "
@@ -1873,7 +1958,12 @@ class PlanExecutor(OpStream):
                     sent.append(tid)
             elif storage.nbytes() >= UNTOUCHED_MIN_BYTES and not self.movable(storage):
                 # One that cannot move stays, said as this rule's: the warning of a planned move
-                # read as the plan failing on a DataLoader worker's batch (in shared memory)
+                # read as the plan failing on a DataLoader worker's batch (in shared memory). Not
+                # said after iteration 0: what it made that cannot move (a data set the workers
+                # read, made before the loop) the profile saw stay in memory, and the plan counts
+                # it there; a sweep's every run warned of its data set so, with nothing to do.
+                if self.iteration == 1:  # the boundary after iteration 0, on its plan or on demand
+                    continue
                 what = self._describe(tid)
                 self.stats.not_resizable.append(what)
                 self._warn_once("left over", f"{what} cannot be freed in place ({self._why_fixed(storage)}), so "

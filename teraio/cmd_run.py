@@ -87,10 +87,19 @@ def _summary(r: dict[str, Any], profiled_from: int = 1, held: bool = False) -> s
                          "length, take the branch every step) to follow the plan")
     above = [(i, p) for i, (p, f) in enumerate(zip(r["iteration_peak_bytes"], r["iteration_followed"], strict=False))
              if i and f and budget and p > _OVER * budget]
+    per_iteration = r.get("iteration_larger_sizes") or []
+    grown = [(i, p) for i, (p, f, n) in enumerate(zip(r["iteration_peak_bytes"], r["iteration_followed"],
+                                                       per_iteration, strict=False)) if i and f and n]
+    if grown and not above and budget:  # over by less than _OVER, or not at all: said all the same
+        its = ", ".join(str(i) for i, _ in grown[:8]) + (f" and {len(grown) - 8} more" if len(grown) > 8 else "")
+        lines.append(f"in iteration{'s' if len(grown) > 1 else ''} {its}, {sum(per_iteration[i] for i, _ in grown)} "
+                     "of the plan's moves found a tensor larger than the profile's and left it in memory (NOTE "
+                     "[ Other sizes ] in runtime/executor.py), peaking at up to "
+                     f"{max(p for _, p in grown) / budget:.3f}x the budget: sizes that grow after the profiled "
+                     "steps need a profile at the largest sizes the script reaches (--warmup past the change)")
     if above:
         its = ", ".join(str(i) for i, _ in above[:8]) + (f" and {len(above) - 8} more" if len(above) > 8 else "")
         which = f"iteration{'s' if len(above) > 1 else ''} {its}"
-        per_iteration = r.get("iteration_larger_sizes") or []
         larger = sum(per_iteration[i] for i, _ in above if i < len(per_iteration))
         lines.append(f"{which} followed the plan but went over its budget of {_mib(budget)} (up to "
                      f"{max(p for _, p in above) / budget:.2f}x). " + (
@@ -111,6 +120,9 @@ def _summary(r: dict[str, Any], profiled_from: int = 1, held: bool = False) -> s
                          "warning above), whose tensors stayed in memory; " if r.get("failed_writes") else "")
                      + (f"reads on a thread of the script's own of tensors the plan had out ({r['thread_fetches']} "
                         "brought back: each is in memory while it is read); " if r.get("thread_fetches") else "")
+                     + (f"tensors the plan moves out that a collective still used ({r['held_by_collectives']} "
+                        "times: the warning above; each stayed in memory until its collective was done, as a "
+                        "rank behind the others holds it up); " if r.get("held_by_collectives") else "")
                      + "memory the script came to "
                      "hold after the profiled iterations (a checkpoint loaded and kept, an evaluation's "
                      "results, a history that grows: profile a stretch of steps that holds it, --warmup, or "
