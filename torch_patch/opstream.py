@@ -1007,10 +1007,14 @@ class OpStream(TorchDispatchMode):
 
         def resize_(storage: torch.UntypedStorage, nbytes: int) -> Any:
             stream.foreign.setdefault(storage, "another library resizes it, as FSDP2 does its unsharded parameters")
+            # said before a free releases its id, so that the row of the storage it was is marked:
+            # FSDP2's first unsharded parameter of each, made by an op, stayed movable in iteration
+            # 0's tables (freed in place only after the backward, with reshard_after_forward=False),
+            # and iteration 0's plan moved it, which the runtime refused with a warning every run
+            stream.on_foreign(storage)
             out = resize(storage, nbytes)
             if nbytes == 0:
                 stream.ids.release(storage)  # queued when on another thread
-            stream.on_foreign(storage)
             return out
 
         return resize_

@@ -592,3 +592,33 @@ def test_a_loss_carried_from_iteration_0_keeps_its_size_where_iteration_1_makes_
         train()
     meta = tracer.profile({}).meta
     assert meta["iterations"] == [1, 2] and not meta["skipped_iterations"], meta["skipped_iterations"]
+
+
+def test_a_storage_another_library_frees_in_place_is_not_movable_in_iteration_0_either() -> None:
+    """NOTE [ Storages others resize ] in torch_patch.opstream: a buffer made by an op in the first
+    step and then freed and refilled in place by another library each step (FSDP2's unsharded
+    parameter with reshard_after_forward=False, a sweep's) is not movable in iteration 0's rows
+    either: its free released its id before it was marked, and iteration 0's plan moved it."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state: dict[str, torch.Tensor] = {}
+
+    def step() -> None:
+        if "full" in state:
+            state["full"].untyped_storage().resize_(4000 * 4)
+            state["full"].fill_(1.0)
+        else:
+            state["full"] = torch.ones(4000)
+        loss = model(torch.randn(8, 64)).sum() + state["full"].sum()
+        loss.backward()
+        state["full"].untyped_storage().resize_(0)  # after the backward, as FSDP2 reshards
+        opt.step()
+        opt.zero_grad()
+
+    tracer = trace(step, iters=2, warmup=1)
+    prof = tracer.profile({})
+    assert prof.first is not None
+    for tensors in (prof.first.tensors, prof.tensors):
+        full = tensors[tensors["size_bytes"] == 4000 * 4]
+        assert len(full) and not full["resizable"].any(), full
