@@ -21,7 +21,7 @@ class InfeasibleBudgetError(TeraioError, ValueError):
         # an optimizer's step over every parameter at once (foreach or fused, PyTorch's default
         # where it can) needs them all with their gradients and states: the batch is not in it, and
         # a step per parameter needs one parameter's share (a sweep's fused AdamW: 6.7 MB at once)
-        if "_foreach_" in op_name or "_fused_" in op_name:
+        if phase == "optimizer" and ("_foreach_" in op_name or "_fused_" in op_name):  # not clipping's
             other = (" or make the optimizer step one parameter at a time (foreach=False, and fused=False "
                      "where it is set): this op steps them all at once")
         else:

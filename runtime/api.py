@@ -147,7 +147,7 @@ def offload(plan: str | os.PathLike[str] | Plan, *, swap_dir: str | os.PathLike[
             reuse_copies = os.environ.get("TERAIO_REUSE_COPIES", "1") != "0"
         executor = PlanExecutor(run_plan, backends, engine, rank, reuse_copies=reuse_copies,
                                 hold_on_demand=hold_on_demand, stream_copies=stream_copies)
-        old_handlers = _signals_as_exit()
+        _signals_as_exit(old_handlers)
         reset_peak_rss()
         t0 = time.perf_counter()
         with executor:
@@ -203,18 +203,19 @@ def _close_backends(executor: PlanExecutor | None,
 _ENDING_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT")
 
 
-def _signals_as_exit() -> dict[int, Any]:
+def _signals_as_exit(old: dict[int, Any]) -> None:
     """Make each of ``_ENDING_SIGNALS`` that would end the process outright (its handler is the
     default one: not ignored, as ``nohup`` ignores SIGHUP, nor handled) raise ``SystemExit(128 +
-    its number)`` instead, so that the run cleans up as on Ctrl-C; the handlers replaced."""
-    old: dict[int, Any] = {}
+    its number)`` instead, so that the run cleans up as on Ctrl-C; the handlers replaced go to
+    ``old`` as each is (the caller's, to restore them all even if a signal lands here). A handler
+    ``faulthandler.register`` installed looks like the default one from Python and is replaced."""
     if threading.current_thread() is not threading.main_thread():
-        return old
+        return
     for name in _ENDING_SIGNALS:
         sig = getattr(signal, name, None)
         if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:
-            old[sig] = signal.signal(sig, lambda signum, _: sys.exit(128 + signum))
-    return old
+            old[sig] = signal.SIG_DFL
+            signal.signal(sig, lambda signum, _: sys.exit(128 + signum))
 
 
 def run_report(executor: PlanExecutor, plan: Plan, wall_s: float) -> dict[str, Any]:

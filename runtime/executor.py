@@ -407,17 +407,19 @@ class PlanExecutor(OpStream):
             self._out_in_child([self.ids.storage(tid) for tid, _, _ in inputs], str(func))
             return func(*args, **kwargs)
         if self._held_back and self._works:  # NOTE [ Out before the prefetches ]
-            self._await_held_back(index, moves=True)
+            self._await_held_back(index, inputs, moves=True)
         with self._lock:
             self._before_op(index, func, args, kwargs, inputs)
             short = self._short_of_room(index)
         if short:  # without the lock, which the thread that frees may need
             self._await_collectives(short)
-        elif self._held_back and self._works and self._await_held_back(index, moves=False):
-            with self._lock:  # what the works held goes out, and the op waits for its room
-                self._send_again(func, inputs)
-                if (schedule := self.schedule) is not None and index < len(schedule.made_bytes):
-                    self._make_room(schedule.made_bytes[index])
+        elif self._held_back and self._works:
+            self._await_held_back(index, inputs, moves=False)
+            if self._again:
+                with self._lock:  # what the works held goes out, and the op waits for its room
+                    self._send_again(func, inputs)
+                    if (schedule := self.schedule) is not None and index < len(schedule.made_bytes):
+                        self._make_room(schedule.made_bytes[index])
         out = func(*args, **kwargs)
         work = out[-1] if isinstance(out, tuple) and out else out  # c10d's (..., Work), or a Work (send)
         if isinstance(work, torch.ScriptObject):
@@ -1123,16 +1125,16 @@ class PlanExecutor(OpStream):
     # works as for buffers of collectives (NOTE [ Buffers of collectives in flight ]: without the
     # executor's lock, as a hook's callback on gloo's thread runs ops; within what is left of
     # ``_COLLECTIVE_WAIT_S`` in the iteration). With both, 0 of 5 runs went over.
-    def _await_held_back(self, index: int, moves: bool) -> bool:
-        """Wait while op ``index`` (with its planned moves, or after them) is short of room that
-        tensors collectives hold could make; whether it waited."""
+    def _await_held_back(self, index: int, inputs: list[tuple[int, torch.Tensor, bool]], moves: bool) -> None:
+        """Wait while op ``index`` (of ``inputs``; with its planned moves, or after them) is short
+        of room that tensors collectives hold could make."""
         t0 = time.perf_counter()
         waited = False
         while True:
             with self._lock:
                 if self._works:
                     self._forget_works(_done)  # a done one's tensors go out before the op
-                short = self._short_behind_works(index, moves)
+                short = self._short_behind_works(index, inputs, moves)
             left = self._collective_wait_left - (time.perf_counter() - t0)
             if not short or left <= 0:
                 break
@@ -1143,19 +1145,23 @@ class PlanExecutor(OpStream):
             with self._lock:
                 self._collective_wait_left -= spent
                 self._stalled("collective", spent)
-        return waited
 
-    def _short_behind_works(self, index: int, moves: bool) -> bool:
-        """Whether what op ``index`` allocates, with its planned prefetches where ``moves``, does
-        not fit in the budget, even once the writes in flight are done, and tensors the plan has
-        out that collectives hold could make room for it (not the buffers an iteration's ops made
-        for a collective: NOTE [ Buffers of collectives in flight ] waits for those)."""
+    def _short_behind_works(self, index: int, inputs: list[tuple[int, torch.Tensor, bool]], moves: bool) -> bool:
+        """Whether what op ``index`` allocates, with the reads of its planned prefetches where
+        ``moves``, does not fit in the budget, even once the writes in flight are done, and
+        tensors the plan has out that collectives hold would make room for it once out: not those
+        the op uses or its prefetches bring back, which stay in, nor the buffers an iteration's
+        ops made for a collective (NOTE [ Buffers of collectives in flight ] waits for those)."""
         schedule = self.schedule
         if schedule is None or schedule.budget_bytes is None or not self._held_back:
             return False
         need = schedule.made_bytes[index] if index < len(schedule.made_bytes) else 0
+        staying = {tid for tid, _, _ in inputs}
         if moves:
-            need += sum(m.size_bytes for m in schedule.triggers.get(index, ()) if m.action != "offload")
+            fetched = self._fetched_by(schedule.triggers.get(index, ()))
+            staying |= fetched
+            need += sum(e.nbytes for t in fetched
+                        if (e := self.moved.get(t)) is not None and e.state in (Residency.SSD, Residency.HOST))
         if not need:
             return False
         freeing = sum(e.nbytes for e in self._writes if e.state is Residency.OFFLOADING and not e.touched)
@@ -1163,12 +1169,13 @@ class PlanExecutor(OpStream):
         if over <= 0:
             return False
         held = 0
-        for tid in self._held_back:
+        for tid in list(self._held_back):
             storage = self.ids.storage(tid)
-            if (storage is not None and tid not in self.moved and tid not in self._in_collective
-                    and self._in_work(storage)):
+            if (storage is not None and tid not in self.moved and tid not in staying
+                    and tid not in self._in_collective and self._in_work(storage)):
                 held += storage.nbytes()
-        return held > 0
+            del storage
+        return held >= over
 
     def _fetched_by(self, moves: tuple[Migration, ...]) -> set[int]:
         """The ids the prefetches among ``moves`` may bring back (as ``_start`` finds them)."""

@@ -92,7 +92,7 @@ def _summary(r: dict[str, Any], profiled_from: int = 1, held: bool = False) -> s
                                                        per_iteration, strict=False)) if i and f and n]
     if grown and not above and budget:  # over by less than _OVER, or not at all: said all the same
         its = ", ".join(str(i) for i, _ in grown[:8]) + (f" and {len(grown) - 8} more" if len(grown) > 8 else "")
-        lines.append(f"in iteration{'s' if len(grown) > 1 else ''} {its}, {sum(per_iteration[i] for i, _ in grown)} "
+        lines.append(f"in iteration{'s' if len(grown) > 1 else ''} {its}: {sum(per_iteration[i] for i, _ in grown)} "
                      "of the plan's moves found a tensor larger than the profile's and left it in memory (NOTE "
                      "[ Other sizes ] in runtime/executor.py), peaking at up to "
                      f"{max(p for _, p in grown) / budget:.3f}x the budget: sizes that grow after the profiled "
@@ -264,7 +264,8 @@ def run(
         fail(str(exc), EXIT_FAILED)
     except ScriptFailed as exc:
         _report_so_far(report, world_size, out, run_plan, t0)
-        stopped_by = {128 + s: s.name for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}  # runtime.api
+        stopped_by = {128 + s: s.name for name in ("SIGTERM", "SIGHUP", "SIGQUIT")  # runtime.api
+                      if (s := getattr(signal, name, None)) is not None}
         what = f"was stopped by {stopped_by[exc.exit_code]}" if exc.exit_code in stopped_by else "failed"
         fail(f"{script} {what} (exit status {exc.exit_code})", exc.exit_code)
     except KeyboardInterrupt:

@@ -71,6 +71,13 @@ def launch(nproc: int, argv: list[str], after: Callable[[], None] | None = None)
 
     args = parse_args(["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "0",
                        "--module", "teraio", *argv])
+    # torchrun handles these four (passing each on to every rank) even where this process ignores
+    # one, as under nohup, whose closed terminal then stopped the job: it handles those not ignored
+    # (ignored here, they are in the ranks too, which then run on as a single process does)
+    if hasattr(args, "signals_to_handle"):  # torch 2.6 and later
+        args.signals_to_handle = ",".join(
+            name for name in args.signals_to_handle.split(",")
+            if (sig := getattr(signal, name.strip(), None)) is not None and signal.getsignal(sig) != signal.SIG_IGN)
     info(f"starting {nproc} workers with torch.distributed.run (ranks 0-{nproc - 1})")
     try:
         run(args)

@@ -309,7 +309,7 @@ class StorageIds:
 # NOTE [ Signals in free callbacks ]: CPython runs a signal's Python handler on the main thread
 # at the next bytecode boundary, and that can be inside a weak-reference callback. An
 # exception raised there is reported as unraisable and dropped. So a Ctrl-C
-# (KeyboardInterrupt), or the SIGTERM torchrun sends (SystemExit from teraio's handler), that
+# (KeyboardInterrupt), or the SIGTERM or SIGHUP torchrun passes on (SystemExit from teraio's handler), that
 # lands in ``StorageIds._freed`` was lost, and the run trained on; it also stopped the free's
 # bookkeeping half way. Measured here (the fault test's script, Ctrl-C at a random moment): 1 of
 # 25 lost without what follows, 0 of 25 with it, alternated in one run.
@@ -370,10 +370,10 @@ def _in_callback(frame: FrameType | None) -> bool:
 
 @contextmanager
 def signals_outside_callbacks() -> Iterator[None]:
-    """Python-level SIGINT and SIGTERM handlers act outside free callbacks (NOTE [ Signals in
-    free callbacks ]). Main thread only; elsewhere, and for a handler that is not Python's, a
-    no-op. At exit a handler is restored only where the wrapper is still in place (one the body
-    installed stays)."""
+    """Python-level SIGINT, SIGTERM, SIGHUP and SIGQUIT handlers act outside free callbacks (NOTE
+    [ Signals in free callbacks ]; ``runtime.api`` turns the last three into ``SystemExit``).
+    Main thread only; elsewhere, and for a handler that is not Python's, a no-op. At exit a
+    handler is restored only where the wrapper is still in place (one the body installed stays)."""
     global _redeliverer
     wrapped: dict[signal.Signals, tuple[Any, Any]] = {}
     try:  # a signal between the two swaps still restores the first
@@ -381,7 +381,8 @@ def signals_outside_callbacks() -> Iterator[None]:
             if _redeliverer is None or not _redeliverer.is_alive():  # none yet, or a forked child
                 _redeliverer = threading.Thread(target=_redeliver, daemon=True, name="teraio-redeliver")
                 _redeliverer.start()
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"):
+                sig = getattr(signal, name)
                 handler = signal.getsignal(sig)
                 if callable(handler):
                     wrapper = _deferring(handler)
