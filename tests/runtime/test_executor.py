@@ -1850,22 +1850,24 @@ def unwaited_collective_train(partner: Partner, delays: list[float],
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
-def run_late(tmp_path: Path, delays: list[float], pauses: dict[int, float] | None = None) -> tuple[Any, int]:
-    """``unwaited_collective_train`` with ``delays`` and ``pauses`` under a plan at the peak it
-    reaches where each buffer's work is done at once: the executor, and that budget."""
+def run_late(tmp_path: Path, delays: list[float], pauses: dict[int, float] | None = None,
+             train: Callable[..., tuple[list[float], list[torch.Tensor]]] | None = None) -> tuple[Any, int]:
+    """``train`` (``unwaited_collective_train``) with ``delays`` and ``pauses`` under a plan at the
+    peak it reaches where each buffer's work is done at once: the executor, and that budget."""
+    train = unwaited_collective_train if train is None else train
     partner = Partner()
     try:
         tracer = Tracer(warmup=1, iters=1)
         with pytest.raises(ProfileComplete), tracer:
-            unwaited_collective_train(partner, [0] * 5)
+            train(partner, [0] * 5)
         plan = hand_plan(tracer.profile({}))
-        expected = unwaited_collective_train(partner, [0] * len(delays))
+        expected = train(partner, [0] * len(delays))
         with offload(plan, swap_dir=tmp_path) as at_once:
-            assert same(unwaited_collective_train(partner, [0] * len(delays)), expected)
+            assert same(train(partner, [0] * len(delays)), expected)
         budget = max(at_once.stats.iteration_peak_bytes[1:])
         plan = dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget})
         with offload(plan, swap_dir=tmp_path) as late:
-            assert same(unwaited_collective_train(partner, delays, pauses), expected)
+            assert same(train(partner, delays, pauses), expected)
     finally:
         partner.close()
     assert late.matched_iterations == len(delays) - 1
@@ -1899,11 +1901,12 @@ def test_a_buffer_its_work_held_late_once_is_waited_for_again(tmp_path: Path,
     assert max(late.stats.iteration_peak_bytes[5:]) <= budget, (late.stats.iteration_peak_bytes, budget)
 
 
-def bank_reduced_train(partner: Partner, delays: list[float]) -> tuple[list[float], list[torch.Tensor]]:
+def bank_reduced_train(partner: Partner, delays: list[float],
+                       pauses: dict[int, float] | None = None) -> tuple[list[float], list[torch.Tensor]]:
     """``train``'s model, with a 1 MiB bank made before the loop and all-reduced as each step
     begins, that ``partner`` joins ``delays[step]`` seconds late and that the script waits for
     after its backward pass, as DDP does its gradient buckets' (the batch takes 50 ms to come,
-    and the forward pass makes a 2 MiB scratch tensor)."""
+    ``pauses[step]`` more, and the forward pass makes a 2 MiB scratch tensor)."""
     import time
 
     import torch.distributed as dist
@@ -1911,7 +1914,8 @@ def bank_reduced_train(partner: Partner, delays: list[float]) -> tuple[list[floa
     model, opt, gen = mlp_and_data()
     bank = torch.zeros(1 << 18)
     losses = []
-    for delay in delays:
+    for step, delay in enumerate(delays):
+        time.sleep((pauses or {}).get(step, 0.0))
         bank.add_(1)
         partner.join_next(delay)
         work = dist.all_reduce(bank, group=partner.group, async_op=True)
@@ -1934,22 +1938,7 @@ def test_a_tensor_a_collective_holds_goes_out_before_the_prefetches_that_need_it
     until the work is done; the scratch tensor, which the plan gives its room, waits for the work
     and the bank's write. It did not, and every iteration went over its budget by the bank."""
     monkeypatch.setattr("runtime.executor._COLLECTIVE_WAIT_S", 2.0)
-    partner = Partner()
-    try:
-        tracer = Tracer(warmup=1, iters=1)
-        with pytest.raises(ProfileComplete), tracer:
-            bank_reduced_train(partner, [0] * 5)
-        plan = hand_plan(tracer.profile({}))
-        expected = bank_reduced_train(partner, [0] * 5)
-        with offload(plan, swap_dir=tmp_path) as at_once:
-            assert same(bank_reduced_train(partner, [0] * 5), expected)
-        budget = max(at_once.stats.iteration_peak_bytes[1:])
-        plan = dataclasses.replace(plan, parameters={**plan.parameters, "gpu_mem_bytes": budget})
-        with offload(plan, swap_dir=tmp_path) as late:
-            assert same(bank_reduced_train(partner, [0.3] * 5), expected)
-    finally:
-        partner.close()
-    assert late.matched_iterations == 4
+    late, budget = run_late(tmp_path, [0.3] * 5, train=bank_reduced_train)
     assert max(late.stats.iteration_peak_bytes[1:]) <= budget, (late.stats.iteration_peak_bytes, budget)
     assert late.stats.steady_stalls["collective"][0] >= 3, late.stats.steady_stalls
     assert late.stats.held_by_collectives >= 4  # counted for the run's summary
