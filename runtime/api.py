@@ -23,6 +23,7 @@ from runtime.errors import SwapKeptError
 from runtime.executor import PlanExecutor, signals_held
 from runtime.memory import peak_rss_bytes, reset_peak_rss
 from runtime.swapdir import sweep
+from torch_patch.identity import STOP_SIGNALS
 
 __all__ = ["first_iteration_warning", "make_backends", "offload", "run_report", "write_report"]
 
@@ -197,23 +198,17 @@ def _close_backends(executor: PlanExecutor | None,
     return SwapKeptError(kept, named) if kept else None
 
 
-# Signals that end a process outright where nothing handles them, and so would leave swap files
-# and no report: a closed terminal or a dropped ssh session sends SIGHUP, Ctrl-\\ SIGQUIT, and
-# torchrun passes all of these (and SIGINT) on to every rank of its job.
-_ENDING_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT")
-
-
 def _signals_as_exit(old: dict[int, Any]) -> None:
-    """Make each of ``_ENDING_SIGNALS`` that would end the process outright (its handler is the
-    default one: not ignored, as ``nohup`` ignores SIGHUP, nor handled) raise ``SystemExit(128 +
-    its number)`` instead, so that the run cleans up as on Ctrl-C; the handlers replaced go to
+    """Make each of ``STOP_SIGNALS`` but SIGINT that would end the process outright, leaving swap
+    files and no report (its handler is the default one: not ignored, as ``nohup`` ignores SIGHUP,
+    nor handled) raise ``SystemExit(128 + its number)`` instead, so that the run cleans up as on
+    Ctrl-C; the handlers replaced go to
     ``old`` as each is (the caller's, to restore them all even if a signal lands here). A handler
     ``faulthandler.register`` installed looks like the default one from Python and is replaced."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for name in _ENDING_SIGNALS:
-        sig = getattr(signal, name, None)
-        if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:
+    for sig in STOP_SIGNALS:
+        if sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_DFL:
             old[sig] = signal.SIG_DFL
             signal.signal(sig, lambda signum, _: sys.exit(128 + signum))
 

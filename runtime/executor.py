@@ -46,6 +46,7 @@ from runtime.errors import PlanMismatchError, StorageIOError
 from runtime.memory import peak_rss_since_reset, reset_peak_rss, trim
 from runtime.saves import streamed_save
 from runtime.storage import byte_view, free_storage, realloc_storage
+from torch_patch.identity import STOP_SIGNALS
 from torch_patch.opstream import (
     OpInfo,
     OpStream,
@@ -2033,15 +2034,14 @@ class PlanExecutor(OpStream):
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT, SIGTERM, SIGHUP and SIGQUIT wait for the body (bringing every tensor back at exit)
+    """``STOP_SIGNALS`` wait for the body (bringing every tensor back at exit)
     to end, then act as they would have: a second Ctrl-C, or a launcher stopping a job's other
     ranks, must not leave bytes only in swap files. Main thread only; elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held: list[tuple[int, Any]] = []
-    signals = [s for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if (s := getattr(signal, name, None))]
-    before = {sig: h for sig in signals if (h := signal.getsignal(sig)) is not None}
+    before = {sig: h for sig in STOP_SIGNALS if (h := signal.getsignal(sig)) is not None}
     for sig in before:
         signal.signal(sig, lambda signum, frame: held.append((signum, frame)))
     try:

@@ -20,6 +20,7 @@ __all__ = ["profile"]
 
 _FEWER_OPS = 0.9  # a set-aside iteration with fewer of the kept ones' ops than this may be a training step
 
+
 def _default_out(script: Path) -> Path:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")  # the same on every rank of a torchrun job
     stamp = f"job-{run_id[:8]}" if run_id else dt.datetime.now().strftime("%Y%m%d-%H%M%S")

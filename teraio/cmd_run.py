@@ -264,8 +264,9 @@ def run(
         fail(str(exc), EXIT_FAILED)
     except ScriptFailed as exc:
         _report_so_far(report, world_size, out, run_plan, t0)
-        stopped_by = {128 + s: s.name for name in ("SIGTERM", "SIGHUP", "SIGQUIT")  # runtime.api
-                      if (s := getattr(signal, name, None)) is not None}
+        from torch_patch.identity import STOP_SIGNALS
+
+        stopped_by = {128 + s: s.name for s in STOP_SIGNALS if s != signal.SIGINT}  # runtime.api's exits
         what = f"was stopped by {stopped_by[exc.exit_code]}" if exc.exit_code in stopped_by else "failed"
         fail(f"{script} {what} (exit status {exc.exit_code})", exc.exit_code)
     except KeyboardInterrupt:

@@ -34,6 +34,7 @@ __all__ = [
     "INPUT_BASE",
     "LONG_BASE",
     "PRODUCED_BASE",
+    "STOP_SIGNALS",
     "PersistentName",
     "StorageIds",
     "input_id",
@@ -306,6 +307,12 @@ class StorageIds:
         self._keys.clear()
 
 
+# The signals that stop a run, as Ctrl-C does or as they would end it outright (a scheduler's
+# SIGTERM, a closed terminal's SIGHUP, Ctrl-\\'s SIGQUIT), those this platform has: torchrun passes
+# each on to every rank of its job. ``runtime.api`` turns the last three into ``SystemExit``.
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
+
 # NOTE [ Signals in free callbacks ]: CPython runs a signal's Python handler on the main thread
 # at the next bytecode boundary, and that can be inside a weak-reference callback. An
 # exception raised there is reported as unraisable and dropped. So a Ctrl-C
@@ -370,9 +377,8 @@ def _in_callback(frame: FrameType | None) -> bool:
 
 @contextmanager
 def signals_outside_callbacks() -> Iterator[None]:
-    """Python-level SIGINT, SIGTERM, SIGHUP and SIGQUIT handlers act outside free callbacks (NOTE
-    [ Signals in free callbacks ]; ``runtime.api`` turns the last three into ``SystemExit``).
-    Main thread only; elsewhere, and for a handler that is not Python's, a no-op. At exit a
+    """Python-level handlers of ``STOP_SIGNALS`` act outside free callbacks (NOTE [ Signals in
+    free callbacks ]). Main thread only; elsewhere, and for a handler that is not Python's, a no-op. At exit a
     handler is restored only where the wrapper is still in place (one the body installed stays)."""
     global _redeliverer
     wrapped: dict[signal.Signals, tuple[Any, Any]] = {}
@@ -381,8 +387,7 @@ def signals_outside_callbacks() -> Iterator[None]:
             if _redeliverer is None or not _redeliverer.is_alive():  # none yet, or a forked child
                 _redeliverer = threading.Thread(target=_redeliver, daemon=True, name="teraio-redeliver")
                 _redeliverer.start()
-            for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"):
-                sig = getattr(signal, name)
+            for sig in STOP_SIGNALS:
                 handler = signal.getsignal(sig)
                 if callable(handler):
                     wrapper = _deferring(handler)

@@ -841,7 +841,7 @@ class Tracer(OpStream):
         if prev and len(prev) == len(new) and (not first or [rec.carried[t] for t in prev]
                                                 == [self.sizes.get(t, -1) for t in new]):
             pairs.update(zip(prev, new, strict=True))
-        elif prev and new and self.iteration == 1:  # (later ones: frees on gloo's thread vary)
+        elif prev and new and first:  # (later ones: frees on gloo's thread vary)
             a, b = [rec.carried[t] for t in prev], [self.sizes.get(t, -1) for t in new]
             for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
                 pairs.update(zip(prev[block.a:block.a + block.size], new[block.b:block.b + block.size],
